@@ -1,0 +1,33 @@
+# Two commands on a fresh machine: `make run` and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+CONFIG ?= configs/apex_dqn_cartpole.yaml
+
+.PHONY: setup run test bench clean
+
+$(BIN)/activate:
+	$(PY) -m venv $(VENV)
+
+# torch is pinned and installed first: this machine has a CPU wheel of exactly
+# 2.13.0, while an unpinned torch would pull a multi-GB CUDA build.
+$(VENV)/.installed: $(BIN)/activate pyproject.toml
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+setup: $(VENV)/.installed
+
+run: setup
+	$(BIN)/distrl train $(CONFIG)
+
+test: setup
+	$(BIN)/python -m pytest tests
+
+bench: setup
+	$(BIN)/python -m bench.throughput
+	$(BIN)/python -m bench.solve
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

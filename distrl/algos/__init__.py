@@ -1,0 +1,13 @@
+"""Algorithm registry: name -> module path, imported only when used."""
+from __future__ import annotations
+
+import importlib
+
+ALGOS: dict[str, str] = {
+    "apex_dqn": "distrl.algos.apex_dqn",
+}
+
+
+def get_algorithm_class(name: str):
+    """The `Algorithm` subclass registered under `name`."""
+    return importlib.import_module(ALGOS[name]).ALGORITHM

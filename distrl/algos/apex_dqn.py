@@ -1,0 +1,179 @@
+"""Ape-X DQN: double DQN with a dueling head, n-step returns and prioritized replay.
+
+Workers act epsilon-greedily with per-worker epsilons (Horgan et al., 2018:
+eps_i = eps ** (1 + alpha * i / (N - 1))) and compute each transition's
+initial priority |TD error| from their own Q-values; the learner trains on
+importance-weighted Huber loss and returns fresh priorities.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from distrl.algos.common import adam, as_tensors, load_numpy_weights, mlp, to_numpy_weights
+from distrl.core import Algorithm, Batch, EnvSpec, Learner, Policy, Trajectory, Weights
+from distrl.replay import nstep_transitions
+
+
+class QNetwork(nn.Module):
+    def __init__(self, obs_dim: int, num_actions: int, hidden: list[int], dueling: bool):
+        super().__init__()
+        self.torso = mlp([obs_dim, *hidden])
+        self.dueling = dueling
+        self.advantage = nn.Linear(hidden[-1], num_actions)
+        self.value = nn.Linear(hidden[-1], 1) if dueling else None
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        h = self.torso(obs)
+        adv = self.advantage(h)
+        if self.value is None:
+            return adv
+        return self.value(h) + adv - adv.mean(dim=1, keepdim=True)
+
+
+def worker_epsilon(cfg, worker_index: int, num_workers: int, env_steps: int) -> float:
+    """Ape-X's fixed per-worker epsilon, or a linear decay for a lone worker."""
+    if worker_index < 0:
+        return 0.0
+    if num_workers == 1:
+        frac = min(1.0, env_steps / cfg.eps_decay_steps)
+        return cfg.eps_start + frac * (cfg.eps_end - cfg.eps_start)
+    return cfg.eps ** (1.0 + cfg.eps_alpha * worker_index / (num_workers - 1))
+
+
+def _build_q(spec: EnvSpec, cfg) -> QNetwork:
+    obs_dim = int(np.prod(spec.observation_space.shape))
+    return QNetwork(obs_dim, int(spec.action_space.n), list(cfg.hidden), cfg.dueling)
+
+
+class DQNPolicy(Policy):
+    def __init__(self, spec: EnvSpec, cfg, worker_index: int, num_workers: int, seed: int):
+        self.cfg = cfg
+        self.q = _build_q(spec, cfg)
+        self.q.eval()
+        self.num_actions = int(spec.action_space.n)
+        self.worker_index, self.num_workers = worker_index, num_workers
+        self.rng = np.random.default_rng(seed)
+        self.env_steps = 0
+
+    @property
+    def epsilon(self) -> float:
+        return worker_epsilon(self.cfg, self.worker_index, self.num_workers, self.env_steps)
+
+    def set_weights(self, weights: Weights, version: int) -> None:
+        load_numpy_weights(self.q, weights)
+        self.version = version
+
+    def observe_steps(self, env_steps: int) -> None:
+        self.env_steps = env_steps
+
+    def act(self, obs: np.ndarray, explore: bool):
+        with torch.inference_mode():
+            q = self.q(torch.as_tensor(obs, dtype=torch.float32)).numpy()
+        actions = q.argmax(axis=1)
+        if explore:
+            random = self.rng.random(len(obs)) < self.epsilon
+            actions = np.where(random, self.rng.integers(0, self.num_actions, len(obs)), actions)
+        return actions, {"q": q}
+
+    def postprocess(self, traj: Trajectory) -> tuple[Batch, np.ndarray]:
+        c = self.cfg
+        items = nstep_transitions(traj.obs, traj.actions, traj.rewards, traj.terminated,
+                                  traj.truncated, traj.next_obs, c.gamma, c.n_step)
+        items.pop("nsteps", None)
+        items["obs"] = items["obs"].astype(np.float32, copy=False)
+        items["next_obs"] = items["next_obs"].astype(np.float32, copy=False)
+        # Initial priority (Ape-X): |TD error| under this worker's own Q-values.
+        q_taken = np.take_along_axis(traj.extras["q"].reshape(len(items["actions"]), -1),
+                                     items["actions"].reshape(-1, 1).astype(np.int64), axis=1)[:, 0]
+        with torch.inference_mode():
+            q_next = self.q(torch.as_tensor(items["next_obs"])).numpy().max(axis=1)
+        td = items["rewards"] + items["discounts"] * q_next - q_taken
+        return items, np.abs(td)
+
+
+class DQNLearner(Learner):
+    def __init__(self, spec: EnvSpec, cfg, device: str):
+        self.cfg, self.device = cfg, device
+        self.q = _build_q(spec, cfg).to(device)
+        self.target = _build_q(spec, cfg).to(device)
+        self.target.load_state_dict(self.q.state_dict())
+        self.target.requires_grad_(False)
+        self.opt = adam(self.q.parameters(), cfg.lr, device)
+        self.updates = 0
+
+    def update(self, batch: Batch) -> dict[str, Any]:
+        t = as_tensors(batch, self.device)
+        obs, next_obs = t["obs"], t["next_obs"]
+        n = obs.shape[0]
+        # One forward pass over obs and next_obs together: half the kernel launches.
+        q_all = self.q(torch.cat([obs, next_obs]))
+        q_taken = q_all[:n].gather(1, t["actions"].long().view(-1, 1)).squeeze(1)
+        with torch.no_grad():
+            q_next_target = self.target(next_obs)
+            if self.cfg.double:
+                best = q_all[n:].argmax(dim=1, keepdim=True)
+                q_next = q_next_target.gather(1, best).squeeze(1)
+            else:
+                q_next = q_next_target.max(dim=1).values
+            target = t["rewards"] + t["discounts"] * q_next
+        td = q_taken - target
+        weights = t.get("weights")
+        elementwise = F.huber_loss(q_taken, target, reduction="none")
+        loss = (elementwise * weights).mean() if weights is not None else elementwise.mean()
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = nn.utils.clip_grad_norm_(self.q.parameters(), self.cfg.grad_clip, foreach=True)
+        self.opt.step()
+        self.updates += 1
+        if self.updates % self.cfg.target_update_interval == 0:
+            self.target.load_state_dict(self.q.state_dict())
+        return {
+            "loss": loss.item(),
+            "q_mean": q_taken.detach().mean().item(),
+            "grad_norm": float(grad_norm),
+            "priorities": td.detach().abs().cpu().numpy(),
+        }
+
+    def get_weights(self) -> Weights:
+        return to_numpy_weights(self.q)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"q": self.q.state_dict(), "target": self.target.state_dict(),
+                "opt": self.opt.state_dict(), "updates": self.updates}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.q.load_state_dict(state["q"])
+        self.target.load_state_dict(state["target"])
+        self.opt.load_state_dict(state["opt"])
+        self.updates = int(state["updates"])
+
+
+class ApexDQN(Algorithm):
+    name = "apex_dqn"
+    data_path = "replay"
+
+    @classmethod
+    def check_spec(cls, spec: EnvSpec) -> str | None:
+        from gymnasium import spaces
+
+        if not isinstance(spec.action_space, spaces.Discrete):
+            return f"apex_dqn needs a Discrete action space, the env has {spec.action_space}"
+        if not isinstance(spec.observation_space, spaces.Box) or len(spec.observation_space.shape) != 1:
+            return f"apex_dqn needs a flat Box observation space, the env has {spec.observation_space}"
+        return None
+
+    def make_policy(self, worker_index: int, num_workers: int) -> DQNPolicy:
+        seed = self.cfg.seed + 1000 + worker_index
+        return DQNPolicy(self.spec, self.cfg.apex_dqn, worker_index, num_workers, seed)
+
+    def make_learner(self, device: str) -> DQNLearner:
+        torch.manual_seed(self.cfg.seed)
+        return DQNLearner(self.spec, self.cfg.apex_dqn, device)
+
+
+ALGORITHM = ApexDQN

@@ -1,0 +1,64 @@
+"""The Python API: `train(config) -> summary`, usable from a notebook."""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from distrl.config import Config, ConfigError, apply_overrides, from_dict, load_config, to_dict
+
+
+def validate(cfg: Config) -> None:
+    """Everything about a config that can be checked before a run dir exists."""
+    from distrl.algos import get_algorithm_class
+    from distrl.envs import EnvError, env_spec
+
+    try:
+        spec = env_spec(cfg.env.id, cfg.env.kwargs)
+    except EnvError as e:
+        raise ConfigError(str(e)) from None
+    problem = get_algorithm_class(cfg.algo).check_spec(spec)
+    if problem:
+        raise ConfigError(f"config key 'algo': {problem} ({cfg.env.id})")
+    if cfg.device != "auto" and not (cfg.device == "cpu" or cfg.device.startswith("cuda")):
+        raise ConfigError(f"config key 'device': expected auto, cpu, cuda or cuda:N, got {cfg.device!r}")
+    if cfg.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError(f"config key 'device': {cfg.device} requested but no CUDA device is visible")
+    if cfg.replay.learning_starts > cfg.replay.capacity:
+        raise ConfigError("config key 'replay.learning_starts': larger than replay.capacity, learning would never start")
+
+
+def default_run_dir(cfg: Config) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return os.path.join("runs", f"{cfg.algo}_{cfg.env.id}_{cfg.mode}_{stamp}")
+
+
+def resolve_config(config: Config | dict | str | None, overrides: list[str] | None = None) -> Config:
+    if isinstance(config, Config):
+        return from_dict(apply_overrides(to_dict(config), overrides or [])) if overrides else config
+    if isinstance(config, dict):
+        return from_dict(apply_overrides(dict(config), overrides or []))
+    return load_config(config, overrides)
+
+
+def train(config: Config | dict | str | None = None, *, overrides: list[str] | None = None,
+          run_dir: str | None = None, address: str | None = None,
+          start_time: float | None = None) -> dict[str, Any]:
+    """Train to a stop condition and return the run summary (also in run_dir/summary.json).
+
+    `config` is a Config, a dict shaped like the YAML, or a YAML path; `overrides`
+    are `section.key=value` strings. Raises ConfigError on bad input before
+    anything is written.
+    """
+    start = start_time if start_time is not None else time.time()
+    cfg = resolve_config(config, overrides)
+    validate(cfg)
+    run_dir = run_dir or default_run_dir(cfg)
+    if os.path.exists(os.path.join(run_dir, "config.yaml")):
+        raise ConfigError(f"run dir {run_dir} already holds a run; choose another --run-dir")
+    from distrl.runtime.driver import run_training
+
+    return run_training(cfg, run_dir, start, address)

@@ -1,0 +1,110 @@
+"""`distrl train | eval`: the command line. User mistakes -> one line on stderr, exit 2."""
+from __future__ import annotations
+
+import time
+
+START = time.time()  # before heavy imports: time-to-solve counts from the command's start
+
+import argparse  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+
+
+class UsageError(Exception):
+    """Bad input: printed as one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse's own errors: same one-line contract
+        raise UsageError(message)
+
+
+def _train_parser(sub) -> None:
+    p = sub.add_parser("train", help="train from a YAML config")
+    p.add_argument("config", help="YAML config file (see configs/)")
+    p.add_argument("--mode", choices=["single", "sync", "async"])
+    p.add_argument("--workers", type=int)
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key, e.g. --set replay.alpha=0.5 (repeatable)")
+    p.add_argument("--run-dir", help="where results go (default runs/<algo>_<env>_<mode>_<time>)")
+    p.add_argument("--address", help="join this Ray cluster (e.g. auto); default: embedded local Ray")
+    p.add_argument("--device", help="learner device: auto, cpu, cuda, cuda:N")
+    p.add_argument("--max-seconds", type=float)
+    p.add_argument("--seed", type=int)
+
+
+def _eval_parser(sub) -> None:
+    p = sub.add_parser("eval", help="greedy evaluation of a run's best checkpoint")
+    p.add_argument("run_dir")
+    p.add_argument("--episodes", type=int, default=20)
+    p.add_argument("--seed", type=int, default=12345)
+
+
+def cmd_train(args) -> int:
+    from distrl.api import train
+
+    overrides = list(args.overrides)
+    for key, flag in (("mode", args.mode), ("workers", args.workers), ("device", args.device),
+                      ("stop.max_seconds", args.max_seconds), ("seed", args.seed)):
+        if flag is not None:
+            overrides.append(f"{key}={flag}")
+    summary = train(args.config, overrides=overrides, run_dir=args.run_dir, address=args.address,
+                    start_time=START)
+    solved = (f"solved in {summary['time_to_solve_s']:.1f} s" if summary["solved"]
+              else f"not solved ({summary['stop_reason']})")
+    best = summary["best_eval_return"]
+    print(f"{summary['algo']} on {summary['env']} ({summary['mode']}): {solved}; "
+          f"best eval {best if best is None else round(best, 1)}; {summary['env_steps']} env steps, "
+          f"{summary['updates']} updates in {summary['wall_s']:.1f} s")
+    print(f"results: {summary['run_dir']}  (metrics.csv, summary.json, checkpoints/, tb/)")
+    return 0
+
+
+def cmd_eval(args) -> int:
+    import numpy as np
+
+    from distrl.checkpoint import load_weights
+    from distrl.config import load_config
+    from distrl.runtime.local import build_algorithm
+
+    cfg_path = os.path.join(args.run_dir, "config.yaml")
+    if not os.path.isdir(args.run_dir):
+        raise UsageError(f"run dir not found: {args.run_dir}")
+    if args.episodes < 1:
+        raise UsageError(f"--episodes must be >= 1, got {args.episodes}")
+    cfg = load_config(cfg_path)
+    weights, meta = load_weights(os.path.join(args.run_dir, "checkpoints", "best.safetensors"))
+    import torch
+
+    torch.set_num_threads(1)
+    from distrl.evaluation import play_greedy
+
+    policy = build_algorithm(cfg).make_policy(-1, 1)
+    policy.set_weights(weights, int(meta.get("version", 0)))
+    rets = play_greedy(policy, cfg.env.id, args.episodes, args.seed, cfg.env.kwargs)
+    print(f"{cfg.env.id}: {np.mean(rets):.1f} ± {np.std(rets):.1f} over {len(rets)} greedy episodes "
+          f"(checkpoint version {meta.get('version')})")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _Parser(prog="distrl", description="distributed deep RL on Ray + PyTorch")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _train_parser(sub)
+    _eval_parser(sub)
+    from distrl.checkpoint import CheckpointError
+    from distrl.config import ConfigError
+
+    try:
+        args = parser.parse_args(argv)
+        return {"train": cmd_train, "eval": cmd_eval}[args.command](args)
+    except (UsageError, ConfigError, CheckpointError) as e:
+        print(f"distrl: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("distrl: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

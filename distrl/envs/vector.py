@@ -1,0 +1,70 @@
+"""A vector of gymnasium envs stepped in one process, with same-step auto-reset.
+
+We keep our own small loop instead of gymnasium's SyncVectorEnv because the
+learner needs the *true* final observation of every episode (for bootstrapping
+truncated episodes) in the same array as ordinary next observations.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from distrl.envs.factory import make_env
+
+
+class VectorEnv:
+    """E envs; env i is seeded with `seed + i` on its first reset."""
+
+    def __init__(self, env_id: str, num_envs: int, seed: int, kwargs: dict[str, Any] | None = None,
+                 env_wrapper=None):
+        self.envs = [make_env(env_id, kwargs) for _ in range(num_envs)]
+        if env_wrapper is not None:
+            self.envs = [env_wrapper(e) for e in self.envs]
+        self.num_envs = num_envs
+        self.observation_space = self.envs[0].observation_space
+        self.action_space = self.envs[0].action_space
+        first = [env.reset(seed=seed + i)[0] for i, env in enumerate(self.envs)]
+        for i, env in enumerate(self.envs):
+            env.action_space.seed(seed + i)
+        self.obs = np.stack(first).astype(self.observation_space.dtype or np.float32, copy=False)
+        self.episode_return = np.zeros(num_envs, np.float64)
+        self.episode_length = np.zeros(num_envs, np.int64)
+        self.episode_return_at_end = np.zeros(num_envs, np.float64)
+        self.env_errors = 0
+
+    def step(self, actions: np.ndarray):
+        """Step every env once.
+
+        Returns (next_obs, rewards, terminated, truncated, finished) where
+        next_obs holds true next observations; `self.obs` afterwards holds the
+        observations to act on next (reset ones where an episode ended), and
+        `finished` lists (return, length) of episodes that ended.
+        """
+        n = self.num_envs
+        next_obs = np.empty_like(self.obs)
+        rewards = np.empty(n, np.float32)
+        terminated = np.empty(n, bool)
+        truncated = np.empty(n, bool)
+        finished = []
+        for i, env in enumerate(self.envs):
+            o, r, te, tr, _ = env.step(actions[i])
+            next_obs[i] = o
+            rewards[i] = r
+            terminated[i] = te
+            truncated[i] = tr
+            if te or tr:
+                finished.append((self.episode_return[i] + r, self.episode_length[i] + 1))
+                self.episode_return_at_end[i] = self.episode_return[i] + r
+                self.episode_return[i] = 0.0
+                self.episode_length[i] = 0
+                o, _ = env.reset()
+            else:
+                self.episode_return[i] += r
+                self.episode_length[i] += 1
+            self.obs[i] = o
+        return next_obs, rewards, terminated, truncated, finished
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()

@@ -1,0 +1,61 @@
+"""metrics.csv rows, TensorBoard scalars and a console progress line, from one dict."""
+from __future__ import annotations
+
+import csv
+import math
+import os
+import sys
+
+METRIC_COLUMNS = [
+    "wall_s", "env_steps", "updates", "episodes", "env_steps_per_s", "updates_per_s",
+    "train_return_mean", "eval_return_mean", "eval_return_std", "best_eval_return",
+    "policy_lag_mean", "policy_lag_max", "loss", "workers_ready_mean", "workers_late_mean",
+    "fragments_dropped", "weight_version",
+]
+
+
+def _fmt(v) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    return f"{v:.0f}" if abs(v) >= 100 else f"{v:.3g}"
+
+
+class MetricsLogger:
+    def __init__(self, run_dir: str, tensorboard: bool, progress: bool):
+        self.path = os.path.join(run_dir, "metrics.csv")
+        self._fh = open(self.path, "w", newline="")
+        self._csv = csv.DictWriter(self._fh, fieldnames=METRIC_COLUMNS, extrasaction="ignore")
+        self._csv.writeheader()
+        self._fh.flush()
+        self.progress = progress and sys.stderr.isatty()
+        self.progress_lines = progress and not self.progress  # plain lines when not a terminal
+        self._tb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter  # heavy import: only when asked
+
+            self._tb = SummaryWriter(os.path.join(run_dir, "tb"))
+
+    def row(self, row: dict) -> None:
+        self._csv.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in METRIC_COLUMNS})
+        self._fh.flush()
+        if self._tb is not None:
+            step = int(row["env_steps"])
+            for k in METRIC_COLUMNS[3:]:
+                v = row.get(k)
+                if v is not None and not (isinstance(v, float) and math.isnan(v)):
+                    self._tb.add_scalar(k, v, step)
+        line = (f"{row['wall_s']:6.1f}s  steps {row['env_steps']:>8}  {_fmt(row['env_steps_per_s'])} steps/s  "
+                f"updates {row['updates']:>6} ({_fmt(row['updates_per_s'])}/s)  "
+                f"eval {_fmt(row.get('eval_return_mean'))}  lag {_fmt(row.get('policy_lag_mean'))}")
+        if self.progress:
+            sys.stderr.write("\r" + line + "\x1b[K")
+            sys.stderr.flush()
+        elif self.progress_lines:
+            print(line, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.progress:
+            sys.stderr.write("\n")
+        self._fh.close()
+        if self._tb is not None:
+            self._tb.close()

@@ -1,0 +1,254 @@
+"""Ring replay buffer with optional proportional prioritization (PER)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from distrl.replay.sumtree import SumTree
+
+GENERATION_KEY = "_generation"
+_STORAGE_PREFIX = "storage/"
+
+
+class ReplayBuffer:
+    """Fixed-capacity FIFO replay over dicts of numpy arrays.
+
+    Storage is allocated lazily from the first :meth:`add`. In prioritized
+    mode the sum tree stores ``(|p| + eps) ** alpha``; sampling is stratified
+    and returns normalised importance weights. Every slot carries a write
+    generation so late priority updates for overwritten slots are dropped.
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        prioritized: bool = True,
+        alpha: float = 0.6,
+        beta0: float = 0.4,
+        beta_steps: int = 100_000,
+        eps: float = 1e-6,
+        seed: int = 0,
+    ) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self.capacity = int(capacity)
+        self.prioritized = bool(prioritized)
+        self.alpha = float(alpha)
+        self.beta0 = float(beta0)
+        self.beta_steps = max(1, int(beta_steps))
+        self.eps = float(eps)
+        self._rng = np.random.Generator(np.random.PCG64(seed))
+        self._storage: dict[str, np.ndarray] | None = None
+        self._gen = np.zeros(self.capacity, dtype=np.int64)
+        self._tree = SumTree(self.capacity) if self.prioritized else None
+        self._cursor = 0
+        self._size = 0
+        self._sample_count = 0
+        self._max_priority = 1.0
+
+    def __len__(self) -> int:
+        return self._size
+
+    @property
+    def beta(self) -> float:
+        """Importance-sampling exponent used by the next sample call."""
+        return float(self._beta_at(self._sample_count))
+
+    def _beta_at(self, count: np.ndarray | int) -> np.ndarray | float:
+        frac = np.minimum(1.0, np.asarray(count, dtype=np.float64) / self.beta_steps)
+        out = self.beta0 + (1.0 - self.beta0) * frac
+        return float(out) if np.ndim(out) == 0 else out
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the storage arrays (0 before the first add)."""
+        if self._storage is None:
+            return 0
+        return int(sum(a.nbytes for a in self._storage.values()))
+
+    def _leaf_values(self, p: np.ndarray) -> np.ndarray:
+        return (np.abs(p).astype(np.float64) + self.eps) ** self.alpha
+
+    # ------------------------------------------------------------------ add
+    def _validate(self, items: dict[str, np.ndarray]) -> int:
+        if not items:
+            raise ValueError("add() needs at least one key")
+        if GENERATION_KEY in items:
+            raise ValueError(f"key {GENERATION_KEY!r} is reserved")
+        if self._storage is not None:
+            for k in items:
+                if k not in self._storage:
+                    raise ValueError(f"unknown key {k!r} (buffer has {sorted(self._storage)})")
+            for k in self._storage:
+                if k not in items:
+                    raise ValueError(f"missing key {k!r} in fragment")
+        sizes = {k: np.shape(v)[0] if np.ndim(v) else None for k, v in items.items()}
+        if None in sizes.values() or len(set(sizes.values())) != 1:
+            raise ValueError(f"all arrays need the same leading dim, got {sizes}")
+        if self._storage is not None:
+            for k, v in items.items():
+                if np.shape(v)[1:] != self._storage[k].shape[1:]:
+                    raise ValueError(
+                        f"key {k!r}: item shape {np.shape(v)[1:]} != {self._storage[k].shape[1:]}"
+                    )
+        return int(next(iter(sizes.values())))
+
+    def add(self, items: dict[str, np.ndarray], priorities: np.ndarray | None = None) -> None:
+        """Append a fragment of B items (FIFO; keeps only the newest ``capacity``)."""
+        b = self._validate(items)
+        if b == 0:
+            return
+        n = min(b, self.capacity)
+        # Validate priorities before touching storage so a bad call changes nothing.
+        vals = None
+        new_max = self._max_priority
+        if self._tree is not None:
+            if priorities is None:
+                vals = np.full(n, self._leaf_values(np.float64(self._max_priority)))
+            else:
+                p = np.asarray(priorities, dtype=np.float64).reshape(-1)
+                if p.shape != (b,):
+                    raise ValueError(f"priorities shape {p.shape} != ({b},)")
+                p = np.abs(p[b - n :])
+                if not np.all(np.isfinite(p)):
+                    raise ValueError("priorities must be finite")
+                new_max = max(new_max, float(p.max()))
+                vals = self._leaf_values(p)
+        if self._storage is None:
+            self._storage = {
+                k: np.zeros((self.capacity, *np.shape(v)[1:]), dtype=np.asarray(v).dtype)
+                for k, v in items.items()
+            }
+        # Items beyond capacity would be overwritten within this same call, so
+        # write only the newest n but advance the cursor as if all b were.
+        start = (self._cursor + b - n) % self.capacity
+        first = min(n, self.capacity - start)
+        for k, v in items.items():
+            src = np.asarray(v)[b - n :]
+            dst = self._storage[k]
+            dst[start : start + first] = src[:first]
+            dst[: n - first] = src[first:]
+        pos = (start + np.arange(n)) % self.capacity
+        self._gen[pos] += 1
+        self._cursor = (self._cursor + b) % self.capacity
+        self._size = min(self.capacity, self._size + b)
+        if vals is not None:
+            self._max_priority = new_max
+            self._tree.update(pos, vals)
+
+    # --------------------------------------------------------------- sample
+    def sample(self, batch_size: int) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+        """One batch: (items incl. ``"_generation"``, indices, float32 weights)."""
+        batch, idx, w = self.sample_many(1, batch_size)
+        return {k: v[0] for k, v in batch.items()}, idx[0], w[0]
+
+    def sample_many(
+        self, num_batches: int, batch_size: int
+    ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+        """``num_batches`` independent batches, arrays shaped (num_batches, batch_size, ...).
+
+        Each batch counts as one sample call for beta annealing and its
+        weights are normalised by its own max.
+        """
+        if self._size == 0 or self._storage is None:
+            raise ValueError("cannot sample from an empty buffer")
+        if num_batches < 1 or batch_size < 1:
+            raise ValueError("num_batches and batch_size must be >= 1")
+        shape = (num_batches, batch_size)
+        if self._tree is None:
+            idx = self._rng.integers(0, self._size, size=shape, dtype=np.int64)
+            weights = np.ones(shape, dtype=np.float32)
+        else:
+            total = self._tree.total
+            # Stratified: one uniform draw inside each of batch_size segments.
+            u = (np.arange(batch_size) + self._rng.random(shape)) * (total / batch_size)
+            idx = self._tree.find(u)
+            probs = self._tree.get(idx) / total
+            betas = self._beta_at(self._sample_count + np.arange(num_batches))
+            # Work in log space so tiny probabilities can't overflow to inf.
+            logw = -np.asarray(betas)[:, None] * np.log(self._size * probs)
+            weights = np.exp(logw - logw.max(axis=1, keepdims=True)).astype(np.float32)
+        self._sample_count += num_batches
+        batch = {k: v[idx] for k, v in self._storage.items()}
+        batch[GENERATION_KEY] = self._gen[idx]
+        return batch, idx, weights
+
+    def update_priorities(
+        self,
+        indices: np.ndarray,
+        priorities: np.ndarray,
+        generations: np.ndarray | None = None,
+    ) -> None:
+        """Set raw priorities (|TD|); entries whose generation is stale are skipped."""
+        if self._tree is None:
+            return
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        p = np.abs(np.asarray(priorities, dtype=np.float64).reshape(-1))
+        if p.shape != idx.shape:
+            raise ValueError(f"priorities shape {p.shape} != indices shape {idx.shape}")
+        if not np.all(np.isfinite(p)):
+            raise ValueError("priorities must be finite")
+        if idx.size and (idx.min() < 0 or idx.max() >= self._size):
+            raise IndexError(f"index out of range [0, {self._size})")
+        if generations is not None:
+            gen = np.asarray(generations, dtype=np.int64).reshape(-1)
+            if gen.shape != idx.shape:
+                raise ValueError(f"generations shape {gen.shape} != indices shape {idx.shape}")
+            keep = gen == self._gen[idx]
+            idx, p = idx[keep], p[keep]
+        if idx.size == 0:
+            return
+        self._max_priority = max(self._max_priority, float(p.max()))
+        self._tree.update(idx, self._leaf_values(p))
+
+    # ---------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        """Snapshot made of numpy arrays and python scalars only (arrays copied)."""
+        rng = self._rng.bit_generator.state
+        state: dict[str, Any] = {
+            "capacity": self.capacity,
+            "prioritized": self.prioritized,
+            "cursor": self._cursor,
+            "size": self._size,
+            "sample_count": self._sample_count,
+            "max_priority": self._max_priority,
+            "generations": self._gen.copy(),
+            "priorities": (
+                self._tree.get(np.arange(self.capacity)) if self._tree is not None
+                else np.zeros(0, dtype=np.float64)
+            ),
+            # PCG64 state is two 128-bit ints plus a cached 32-bit half-draw.
+            "rng_state": int(rng["state"]["state"]),
+            "rng_inc": int(rng["state"]["inc"]),
+            "rng_has_uint32": int(rng["has_uint32"]),
+            "rng_uinteger": int(rng["uinteger"]),
+        }
+        for k, v in (self._storage or {}).items():
+            state[_STORAGE_PREFIX + k] = v.copy()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a :meth:`state_dict` snapshot (capacity and mode must match)."""
+        if int(state["capacity"]) != self.capacity or bool(state["prioritized"]) != self.prioritized:
+            raise ValueError("state_dict capacity/prioritized mismatch")
+        storage = {
+            k[len(_STORAGE_PREFIX) :]: np.array(v, copy=True)
+            for k, v in state.items()
+            if k.startswith(_STORAGE_PREFIX)
+        }
+        self._storage = storage or None
+        self._cursor = int(state["cursor"])
+        self._size = int(state["size"])
+        self._sample_count = int(state["sample_count"])
+        self._max_priority = float(state["max_priority"])
+        self._gen = np.array(state["generations"], dtype=np.int64, copy=True)
+        if self._tree is not None:
+            self._tree.set_all(np.asarray(state["priorities"], dtype=np.float64))
+        self._rng.bit_generator.state = {
+            "bit_generator": "PCG64",
+            "state": {"state": int(state["rng_state"]), "inc": int(state["rng_inc"])},
+            "has_uint32": int(state["rng_has_uint32"]),
+            "uinteger": int(state["rng_uinteger"]),
+        }

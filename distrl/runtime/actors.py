@@ -1,0 +1,214 @@
+"""The five roles as Ray actors. Each wraps a ray-free object from the rest of distrl.
+
+Torch-heavy imports happen inside the actors that need torch, so the parameter
+server and replay server processes start in a fraction of a second.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import ray
+
+from distrl.config import from_dict
+from distrl.learning import TrainStats
+
+
+def _setup_torch() -> None:
+    import torch
+
+    torch.set_num_threads(1)
+
+
+def _algorithm(cfg_dict: dict):
+    from distrl.runtime.local import build_algorithm
+
+    cfg = from_dict(cfg_dict)
+    return cfg, build_algorithm(cfg)
+
+
+@ray.remote(num_cpus=0)
+class ParameterServer:
+    """Newest weights and their version. Holds an ObjectRef, so weights are serialised once."""
+
+    def __init__(self):
+        self.version = -1
+        self.ref = None  # [ObjectRef]: wrapped in a list so Ray passes the ref, not the value
+
+    def push(self, version: int, ref_box: list) -> None:
+        if version > self.version:
+            self.version, self.ref = version, ref_box
+
+    def pull_if_newer(self, version: int):
+        """(version, [ref]) when newer than `version`, else None."""
+        if self.version > version:
+            return self.version, self.ref
+        return None
+
+    def get_version(self) -> int:
+        return self.version
+
+    def save(self, path: str) -> None:
+        from distrl.checkpoint import save_weights
+
+        if self.ref is not None:
+            save_weights(path, ray.get(self.ref[0]), {"version": self.version})
+
+    def load(self, path: str) -> int:
+        from distrl.checkpoint import load_weights
+
+        weights, meta = load_weights(path)
+        self.version, self.ref = int(meta.get("version", 0)), [ray.put(weights)]
+        return self.version
+
+
+@ray.remote(num_cpus=0)
+class ReplayServer:
+    """Prioritized (or uniform) replay; the learner samples blocks of batches from it."""
+
+    def __init__(self, cfg_dict: dict):
+        from distrl.runtime.local import make_replay
+
+        self.cfg = from_dict(cfg_dict)
+        self.buffer = make_replay(self.cfg)
+        self.added = 0
+
+    def add(self, payload) -> int:
+        data, priorities = payload
+        self.buffer.add(data, priorities)
+        self.added += len(data["rewards"])
+        return self.added
+
+    def sample_many(self, num_batches: int, batch_size: int):
+        if len(self.buffer) == 0:
+            return None
+        return self.buffer.sample_many(num_batches, batch_size)
+
+    def update_priorities(self, indices, priorities, generations) -> None:
+        self.buffer.update_priorities(indices, priorities, generations)
+
+    def size(self) -> int:
+        return len(self.buffer)
+
+
+@ray.remote
+class RolloutWorker:
+    """Steps `env.num_envs` envs with batched inference; one fragment per `sample` call."""
+
+    def __init__(self, cfg_dict: dict, worker_index: int, num_workers: int, ps):
+        _setup_torch()
+        from distrl.rollout import Rollout
+
+        cfg, algo = _algorithm(cfg_dict)
+        self.policy = algo.make_policy(worker_index, num_workers)
+        self.rollout = Rollout(self.policy, cfg.env.id, cfg.env.num_envs, cfg.rollout.fragment_length,
+                               cfg.seed + worker_index, worker_index, cfg.env.kwargs)
+        self.ps = ps
+        self.pending = None  # an in-flight pull, overlapped with stepping
+        self.pull_s = 0.0
+
+    def _pull(self, blocking: bool) -> None:
+        """Load newer weights; blocking in sync mode, overlapped with stepping in async."""
+        t0 = time.perf_counter()
+        if self.pending is None:
+            self.pending = self.ps.pull_if_newer.remote(self.policy.version)
+        if not blocking:
+            ready, _ = ray.wait([self.pending], timeout=0)
+            if not ready:
+                return
+        got, self.pending = ray.get(self.pending), None
+        if got is not None:
+            version, (ref,) = got
+            self.policy.set_weights(ray.get(ref), version)
+        if not blocking:
+            self.pending = self.ps.pull_if_newer.remote(self.policy.version)
+        self.pull_s += time.perf_counter() - t0
+
+    @ray.method(num_returns=2)
+    def sample(self, blocking_pull: bool):
+        self._pull(blocking_pull or self.policy.version < 0)
+        frag = self.rollout.sample()
+        frag.info.timings["pull_s"], self.pull_s = self.pull_s, 0.0
+        return frag.info, (frag.data, frag.priorities)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+@ray.remote
+class Learner:
+    """The only optimizer.step(). Prefetches its next block of batches while it trains."""
+
+    def __init__(self, cfg_dict: dict, ps, replay, device: str):
+        _setup_torch()
+        cfg, algo = _algorithm(cfg_dict)
+        self.cfg = cfg
+        self.learner = algo.make_learner(device)
+        self.ps, self.replay = ps, replay
+        self.prefetch = None
+        self.version = -1
+
+    def publish(self) -> int:
+        self.version = self.learner.updates
+        self.ps.push.remote(self.version, [ray.put(self.learner.get_weights())])
+        return self.version
+
+    def _fetch(self):
+        lc = self.cfg.learner
+        return self.replay.sample_many.remote(lc.batches_per_call, lc.batch_size)
+
+    def train(self, num_updates: int) -> TrainStats:
+        from distrl.learning import learn_block
+
+        stats = TrainStats()
+        t_start = time.perf_counter()
+        left = num_updates
+        while left > 0:
+            t0 = time.perf_counter()
+            block = ray.get(self.prefetch if self.prefetch is not None else self._fetch())
+            self.prefetch = self._fetch()  # the next block travels while this one trains
+            stats.wait_s += time.perf_counter() - t0
+            if block is None:
+                break
+            batches, idx, w = block
+            k = min(left, w.shape[0])
+            if k < w.shape[0]:
+                batches, idx, w = {key: v[:k] for key, v in batches.items()}, idx[:k], w[:k]
+            prios = learn_block(self.learner, batches, w, stats)
+            if prios is not None:
+                self.replay.update_priorities.remote(idx.ravel(), prios.ravel(), batches["_generation"].ravel())
+            left -= k
+            if self.learner.updates - self.version >= self.cfg.learner.publish_interval:
+                self.publish()
+        if self.learner.updates != self.version:
+            self.publish()
+        stats.version = self.version
+        stats.learner_s = time.perf_counter() - t_start - stats.wait_s
+        return stats
+
+
+@ray.remote(num_cpus=0)
+class Evaluator:
+    """Plays greedy episodes with the newest published weights; keeps the best checkpoint."""
+
+    def __init__(self, cfg_dict: dict, ps, run_dir: str, start_time: float):
+        _setup_torch()
+        from distrl.evaluation import Evaluation
+
+        cfg, algo = _algorithm(cfg_dict)
+        self.evaluation = Evaluation(algo.make_policy(-1, 1), cfg, run_dir, start_time)
+        self.ps = ps
+        self.version = -1
+        self.weights = None
+
+    def evaluate(self, env_steps: int):
+        got = ray.get(self.ps.pull_if_newer.remote(self.version))
+        if got is not None:
+            self.version, (ref,) = got
+            self.weights = ray.get(ref)
+        if self.weights is None:
+            return None
+        return self.evaluation.evaluate(self.weights, self.version, env_steps)
+
+    def ping(self) -> bool:
+        return True

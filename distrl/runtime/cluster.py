@@ -1,0 +1,174 @@
+"""`sync` and `async` modes: every role is a Ray actor; the driver only moves refs.
+
+The two modes differ only in their gather strategy (`SyncGather`,
+`AsyncGather`): which fragments the driver takes each iteration and whether it
+waits for the learner. Everything else is the same code.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import ray
+
+from distrl.config import Config, to_dict
+from distrl.core import FragmentInfo
+from distrl.learning import TrainStats
+from distrl.runtime.actors import Evaluator, Learner, ParameterServer, ReplayServer, RolloutWorker
+from distrl.runtime.local import resolve_device
+
+
+def init_ray(address: str | None, workers: int) -> None:
+    """Join `address`, or start Ray embedded: loopback only, no dashboard."""
+    if ray.is_initialized():
+        return
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    if address:
+        ray.init(address=address, log_to_driver=True)
+    else:
+        # Logical CPUs are scheduling tokens: one per worker and for the learner.
+        ray.init(address="local", num_cpus=workers + 2, include_dashboard=False,
+                 _node_ip_address="127.0.0.1", log_to_driver=True,
+                 configure_logging=False)
+
+
+class SyncGather:
+    """All workers sample at once; the driver waits for every fragment and the learner."""
+
+    waits_for_learner = True
+
+    def __init__(self, workers):
+        self.workers = workers
+
+    def gather(self, allow_sampling: bool):
+        pairs = [w.sample.remote(True) for w in self.workers]
+        infos = ray.get([p[0] for p in pairs])
+        return list(zip(infos, [p[1] for p in pairs])), {"ready": len(pairs), "late": 0}
+
+
+class AsyncGather:
+    """Workers run freely; take what finished within `window_s`, leave the rest running."""
+
+    waits_for_learner = False
+
+    def __init__(self, workers, window_s: float):
+        self.workers = workers
+        self.window_s = window_s
+        self.inflight: dict = {}  # info ref -> (worker index, data ref)
+        self.idle = list(range(len(workers)))
+
+    def gather(self, allow_sampling: bool):
+        if allow_sampling:  # workers back off while the learner catches up (update-to-data ratio)
+            for i in self.idle:
+                info_ref, data_ref = self.workers[i].sample.remote(False)
+                self.inflight[info_ref] = (i, data_ref)
+            self.idle = []
+        if not self.inflight:
+            time.sleep(self.window_s)
+            return [], {"ready": 0, "late": 0}
+        ready, late = ray.wait(list(self.inflight), num_returns=len(self.inflight), timeout=self.window_s)
+        out = []
+        for ref, info in zip(ready, ray.get(ready)):
+            i, data_ref = self.inflight.pop(ref)
+            self.idle.append(i)
+            out.append((info, data_ref))
+        return out, {"ready": len(ready), "late": len(late)}
+
+
+class RayRoles:
+    """ParameterServer, ReplayServer, Learner, Evaluator and N RolloutWorkers as actors."""
+
+    def __init__(self, cfg: Config, run_dir: str, start_time: float, address: str | None = None):
+        init_ray(address, cfg.workers)
+        self.cfg = cfg
+        d = to_dict(cfg)
+        device = resolve_device(cfg.device)
+        self.ps = ParameterServer.options(name=None).remote()
+        self.replay = ReplayServer.remote(d)
+        gpus = 1 if device.startswith("cuda") else 0
+        self.learner = Learner.options(num_cpus=1, num_gpus=gpus).remote(d, self.ps, self.replay, device)
+        self.evaluator = Evaluator.remote(d, self.ps, run_dir, start_time)
+        self.workers = [RolloutWorker.options(num_cpus=1).remote(d, i, cfg.workers, self.ps)
+                        for i in range(cfg.workers)]
+        ray.get(self.learner.publish.remote())  # version 0 exists before any worker acts
+        if cfg.mode == "sync":
+            self.gatherer = SyncGather(self.workers)
+        else:
+            self.gatherer = AsyncGather(self.workers, cfg.async_.window_s)
+        self.train_refs: list = []
+        self.train_sizes: dict = {}
+        self.eval_ref = None
+        self.timings = {"env_s": 0.0, "inference_s": 0.0, "pull_s": 0.0, "learner_s": 0.0,
+                        "learner_wait_s": 0.0}
+
+    def gather(self, allow_sampling: bool) -> tuple[list[FragmentInfo], dict]:
+        pairs, counts = self.gatherer.gather(allow_sampling)
+        adds = [self.replay.add.remote(data_ref) for _, data_ref in pairs]
+        if self.gatherer.waits_for_learner and adds:
+            ray.get(adds)  # the learner must see this data before it trains
+        infos = [info for info, _ in pairs]
+        for info in infos:
+            for k, v in info.timings.items():
+                self.timings[k] = self.timings.get(k, 0.0) + v
+        return infos, counts
+
+    def train(self, budget: int, final: bool = False) -> list[TrainStats]:
+        """Collect finished learner calls; issue new ones within `budget` updates.
+
+        Async keeps two calls queued at the learner so it never waits on the driver.
+        """
+        done = []
+        if self.train_refs:
+            ready, _ = ray.wait(self.train_refs, num_returns=len(self.train_refs),
+                                timeout=None if final else 0)
+            for ref in ready:
+                self.train_refs.remove(ref)
+                self.train_sizes.pop(ref)
+            done.extend(ray.get(ready))
+        max_queued = 1 if self.gatherer.waits_for_learner else 2
+        while not final and budget > 0 and len(self.train_refs) < max_queued:
+            # Cap each call so the driver regains control often enough to log and stop.
+            n = min(budget, 4 * self.cfg.learner.batches_per_call)
+            ref = self.learner.train.remote(n)
+            self.train_refs.append(ref)
+            self.train_sizes[ref] = n
+            budget -= n
+            if self.gatherer.waits_for_learner:
+                done.append(ray.get(ref))
+                self.train_refs.remove(ref)
+                self.train_sizes.pop(ref)
+        for s in done:
+            self.timings["learner_s"] += s.learner_s
+            self.timings["learner_wait_s"] += s.wait_s
+        return done
+
+    def updates_in_flight(self) -> int:
+        return sum(self.train_sizes.values())
+
+    def submit_eval(self, env_steps: int) -> bool:
+        if self.eval_ref is not None:
+            return False
+        self.eval_ref = self.evaluator.evaluate.remote(env_steps)
+        return True
+
+    def poll_eval(self, block: bool = False, timeout: float | None = None) -> list[dict]:
+        if self.eval_ref is None:
+            return []
+        ready, _ = ray.wait([self.eval_ref], timeout=timeout if block else 0)
+        if not ready:
+            return []
+        result, self.eval_ref = ray.get(self.eval_ref), None
+        return [result] if result is not None else []
+
+    def eval_busy(self) -> bool:
+        return self.eval_ref is not None
+
+    def time_breakdown(self) -> dict:
+        return dict(self.timings)
+
+    def worker_pids(self) -> list[int]:
+        return ray.get([w.pid.remote() for w in self.workers])
+
+    def close(self) -> None:
+        for actor in [*self.workers, self.learner, self.evaluator, self.replay, self.ps]:
+            ray.kill(actor)

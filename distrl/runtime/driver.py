@@ -1,0 +1,210 @@
+"""The one driver loop. Modes differ only in the roles object and its gather strategy."""
+from __future__ import annotations
+
+import math
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from distrl.checkpoint import save_json
+from distrl.config import Config, dump_yaml
+from distrl.observe import MetricsLogger
+
+
+@dataclass
+class Counters:
+    """Everything the driver counts; one metrics.csv row is a snapshot of this."""
+
+    env_steps: int = 0
+    updates: int = 0
+    episodes: int = 0
+    fragments: int = 0
+    version: int = 0
+    recent_returns: list = field(default_factory=list)
+    lags: list = field(default_factory=list)
+    all_lags: list = field(default_factory=list)
+    loss_sum: float = 0.0
+    loss_n: int = 0
+    ready: list = field(default_factory=list)
+    late: list = field(default_factory=list)
+    eval_last: dict | None = None
+    best_eval: float = -math.inf
+    solved_at: float | None = None
+    evaluations: list = field(default_factory=list)
+
+
+def _mean(xs) -> float | None:
+    return float(np.mean(xs)) if len(xs) else None
+
+
+class Driver:
+    def __init__(self, cfg: Config, roles, run_dir: str, start_time: float):
+        self.cfg, self.roles, self.run_dir, self.start = cfg, roles, run_dir, start_time
+        self.c = Counters()
+        self.logger = MetricsLogger(run_dir, cfg.log.tensorboard, cfg.log.progress)
+        self.stop_requested: str | None = None
+        self.last_eval_submit = 0.0
+        self.last_log = self.last_log_steps = self.last_log_updates = None
+
+    # --- budget: the update-to-data ratio holds in every mode -------------------
+    def update_target(self) -> int:
+        started = self.c.env_steps - self.cfg.replay.learning_starts
+        return int(self.cfg.learner.updates_per_step * started) if started >= 0 else 0
+
+    def update_budget(self) -> int:
+        inflight = getattr(self.roles, "updates_in_flight", lambda: 0)()
+        return self.update_target() - self.c.updates - inflight
+
+    def sampling_allowed(self) -> bool:
+        # Workers back off when the learner is more than two calls behind.
+        return self.update_budget() <= 8 * self.cfg.learner.batches_per_call
+
+    # --- the loop ---------------------------------------------------------------
+    def run(self) -> dict:
+        self.last_log = time.time()
+        self.last_log_steps = self.last_log_updates = 0
+        reason = None
+        while reason is None:
+            infos, counts = self.roles.gather(self.sampling_allowed())
+            self._count_fragments(infos, counts)
+            for stats in self.roles.train(self.update_budget()):
+                self._count_training(stats)
+            self._evaluate()
+            reason = self._stop_reason()
+            if time.time() - self.last_log >= self.cfg.log.interval_s or reason:
+                self._log_row()
+        return self._finish(reason)
+
+    def _count_fragments(self, infos, counts) -> None:
+        for info in infos:
+            self.c.env_steps += info.env_steps
+            self.c.fragments += 1
+            self.c.episodes += len(info.episode_returns)
+            self.c.recent_returns = (self.c.recent_returns + list(info.episode_returns))[-100:]
+        if counts["ready"] or counts["late"]:
+            self.c.ready.append(counts["ready"])
+            self.c.late.append(counts["late"])
+
+    def _count_training(self, stats) -> None:
+        self.c.updates += stats.updates
+        self.c.version = max(self.c.version, stats.version)
+        self.c.lags.extend(stats.lags)
+        self.c.all_lags.extend(stats.lags)
+        self.c.loss_sum += stats.loss_sum
+        self.c.loss_n += stats.updates
+
+    def _evaluate(self, block: bool = False) -> None:
+        for result in self.roles.poll_eval(block=block, timeout=60.0):
+            self.c.eval_last = result
+            self.c.evaluations.append(result)
+            self.c.best_eval = max(self.c.best_eval, result["return_mean"])
+            if result["solved"] and self.c.solved_at is None:
+                self.c.solved_at = result["time_s"]
+        now = time.time()
+        if self.c.updates > 0 and now - self.last_eval_submit >= self.cfg.eval.interval_s:
+            if self.roles.submit_eval(self.c.env_steps):
+                self.last_eval_submit = now
+
+    def _stop_reason(self) -> str | None:
+        if self.c.solved_at is not None:
+            return "solved"
+        if self.stop_requested:
+            return self.stop_requested
+        if time.time() - self.start >= self.cfg.stop.max_seconds:
+            return "max_seconds"
+        if self.cfg.stop.max_env_steps and self.c.env_steps >= self.cfg.stop.max_env_steps:
+            return "max_env_steps"
+        return None
+
+    def _log_row(self) -> None:
+        now = time.time()
+        dt = max(now - self.last_log, 1e-9)
+        ev = self.c.eval_last or {}
+        lags = self.c.lags
+        row = {
+            "wall_s": round(now - self.start, 3), "env_steps": self.c.env_steps, "updates": self.c.updates,
+            "episodes": self.c.episodes,
+            "env_steps_per_s": round((self.c.env_steps - self.last_log_steps) / dt, 1),
+            "updates_per_s": round((self.c.updates - self.last_log_updates) / dt, 2),
+            "train_return_mean": _mean(self.c.recent_returns),
+            "eval_return_mean": ev.get("return_mean"), "eval_return_std": ev.get("return_std"),
+            "best_eval_return": self.c.best_eval if self.c.evaluations else None,
+            "policy_lag_mean": _mean(lags), "policy_lag_max": max(lags) if lags else None,
+            "loss": self.c.loss_sum / self.c.loss_n if self.c.loss_n else None,
+            "workers_ready_mean": _mean(self.c.ready), "workers_late_mean": _mean(self.c.late),
+            "fragments_dropped": 0, "weight_version": self.c.version,
+        }
+        self.logger.row(row)
+        self.c.lags, self.c.ready, self.c.late = [], [], []
+        self.c.loss_sum, self.c.loss_n = 0.0, 0
+        self.last_log, self.last_log_steps, self.last_log_updates = now, self.c.env_steps, self.c.updates
+
+    def _finish(self, reason: str) -> dict:
+        for stats in self.roles.train(0, final=True):
+            self._count_training(stats)
+        if reason != "solved":
+            # A last score for runs that stopped early, so best_eval_return means something.
+            if not self.roles.eval_busy() and self.c.updates > 0:
+                self.roles.submit_eval(self.c.env_steps)
+            self._evaluate(block=True)
+        self._log_row()
+        wall = time.time() - self.start
+        lags = np.asarray(self.c.all_lags) if self.c.all_lags else np.zeros(1)
+        cfg = self.cfg
+        summary = {
+            "algo": cfg.algo, "env": cfg.env.id, "mode": cfg.mode,
+            "workers": 1 if cfg.mode == "single" else cfg.workers, "seed": cfg.seed,
+            "wall_s": round(wall, 3), "env_steps": self.c.env_steps, "updates": self.c.updates,
+            "episodes": self.c.episodes, "env_steps_per_s": round(self.c.env_steps / max(wall, 1e-9), 1),
+            "best_eval_return": self.c.best_eval if self.c.evaluations else None,
+            "solved": self.c.solved_at is not None,
+            "time_to_solve_s": round(self.c.solved_at, 3) if self.c.solved_at is not None else None,
+            "stop_reason": reason, "evaluations": len(self.c.evaluations),
+            "policy_lag": {"mean": float(lags.mean()), "p50": float(np.percentile(lags, 50)),
+                           "p90": float(np.percentile(lags, 90)), "max": float(lags.max())},
+            "time_breakdown_s": {k: round(v, 3) for k, v in self.roles.time_breakdown().items()},
+            "run_dir": self.run_dir,
+        }
+        save_json(os.path.join(self.run_dir, "summary.json"), summary)
+        self.logger.close()
+        return summary
+
+
+def make_roles(cfg: Config, run_dir: str, start_time: float, address: str | None):
+    if cfg.mode == "single":
+        from distrl.runtime.local import LocalRoles
+
+        return LocalRoles(cfg, run_dir, start_time)
+    from distrl.runtime.cluster import RayRoles
+
+    return RayRoles(cfg, run_dir, start_time, address)
+
+
+def run_training(cfg: Config, run_dir: str, start_time: float, address: str | None = None) -> dict:
+    """Write config.yaml, start the roles, drive them to a stop, write summary.json."""
+    os.makedirs(os.path.join(run_dir, "checkpoints"), exist_ok=True)
+    with open(os.path.join(run_dir, "config.yaml"), "w") as fh:
+        fh.write(dump_yaml(cfg))
+    roles = make_roles(cfg, run_dir, start_time, address)
+    driver = Driver(cfg, roles, run_dir, start_time)
+
+    def on_signal(signum, frame):  # finish cleanly: summary and files still written
+        driver.stop_requested = "interrupted"
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)} \
+        if _main_thread() else {}
+    try:
+        return driver.run()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        roles.close()
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()

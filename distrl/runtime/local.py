@@ -1,0 +1,176 @@
+"""`single` mode: rollout, replay and learner in this process; the evaluator in its own.
+
+No Ray here: starting Ray costs ~6 s on a laptop, more than half of what
+solving CartPole should take, and one process needs no object store. The
+evaluator runs in a spawned process fed through a queue, so scoring never
+stalls learning.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import queue
+import time
+
+import numpy as np
+
+from distrl.config import Config, from_dict, to_dict
+from distrl.core import FragmentInfo
+from distrl.learning import TrainStats, learn_block
+from distrl.replay import ReplayBuffer
+from distrl.rollout import Rollout
+
+
+def build_algorithm(cfg: Config):
+    from distrl.algos import get_algorithm_class
+    from distrl.envs import env_spec
+
+    return get_algorithm_class(cfg.algo)(cfg, env_spec(cfg.env.id, cfg.env.kwargs))
+
+
+def make_replay(cfg: Config) -> ReplayBuffer:
+    r = cfg.replay
+    return ReplayBuffer(r.capacity, r.prioritized, r.alpha, r.beta0, r.beta_steps, seed=cfg.seed)
+
+
+def evaluator_main(cfg_dict: dict, run_dir: str, start_time: float, inbox, outbox) -> None:
+    """Evaluator process: score each (weights, version, env_steps) it receives."""
+    import torch
+
+    torch.set_num_threads(1)
+    from distrl.evaluation import Evaluation
+
+    cfg = from_dict(cfg_dict)
+    algo = build_algorithm(cfg)
+    evaluation = Evaluation(algo.make_policy(-1, 1), cfg, run_dir, start_time)
+    outbox.put("ready")
+    while True:
+        job = inbox.get()
+        if job is None:
+            return
+        weights, version, env_steps = job
+        outbox.put(evaluation.evaluate(weights, version, env_steps))
+
+
+class LocalEvaluator:
+    """Driver-side handle on the evaluator process: submit weights, poll results."""
+
+    def __init__(self, cfg: Config, run_dir: str, start_time: float):
+        ctx = mp.get_context("spawn")
+        self.inbox, self.outbox = ctx.Queue(), ctx.Queue()
+        self.proc = ctx.Process(target=evaluator_main, name="Evaluator", daemon=True,
+                                args=(to_dict(cfg), run_dir, start_time, self.inbox, self.outbox))
+        self.proc.start()
+        self.ready = False
+        self.busy = False
+
+    def idle(self) -> bool:
+        self.poll_ready()
+        return self.ready and not self.busy
+
+    def poll_ready(self) -> None:
+        if not self.ready and not self.busy:
+            try:
+                self.ready = self.outbox.get_nowait() == "ready"
+            except queue.Empty:
+                pass
+
+    def submit(self, weights, version: int, env_steps: int) -> None:
+        self.inbox.put((weights, version, env_steps))
+        self.busy = True
+
+    def poll(self, block: bool = False, timeout: float | None = None) -> list[dict]:
+        out = []
+        while self.busy:
+            try:
+                out.append(self.outbox.get(block=block, timeout=timeout))
+                self.busy = False
+            except queue.Empty:
+                break
+        return out
+
+    def close(self) -> None:
+        try:
+            self.inbox.put(None)
+            self.proc.join(timeout=5)
+        finally:
+            if self.proc.is_alive():
+                self.proc.terminate()
+
+
+class LocalRoles:
+    """Every role in this process except the evaluator."""
+
+    mode = "single"
+
+    def __init__(self, cfg: Config, run_dir: str, start_time: float):
+        import torch
+
+        torch.set_num_threads(1)
+        self.cfg = cfg
+        self.evaluator = LocalEvaluator(cfg, run_dir, start_time)  # start first: overlaps its start-up
+        algo = build_algorithm(cfg)
+        self.learner = algo.make_learner(resolve_device(cfg.device))
+        policy = algo.make_policy(0, 1)
+        self.version = 0
+        policy.set_weights(self.learner.get_weights(), self.version)
+        self.policy = policy
+        self.rollout = Rollout(policy, cfg.env.id, cfg.env.num_envs, cfg.rollout.fragment_length,
+                               cfg.seed, 0, cfg.env.kwargs)
+        self.replay = make_replay(cfg)
+        self.timings = {"env_s": 0.0, "inference_s": 0.0, "learner_s": 0.0}
+
+    def gather(self, allow_sampling: bool) -> tuple[list[FragmentInfo], dict]:
+        frag = self.rollout.sample()
+        self.replay.add(frag.data, frag.priorities)
+        for k, v in frag.info.timings.items():
+            self.timings[k] += v
+        return [frag.info], {"ready": 1, "late": 0}
+
+    def train(self, budget: int, final: bool = False) -> list[TrainStats]:
+        if budget <= 0:
+            return []
+        t0 = time.perf_counter()
+        stats = TrainStats()
+        lc = self.cfg.learner
+        left = budget
+        while left > 0:
+            k = min(left, lc.batches_per_call)
+            batches, idx, w = self.replay.sample_many(k, lc.batch_size)
+            prios = learn_block(self.learner, batches, w, stats)
+            if prios is not None:
+                self.replay.update_priorities(idx.ravel(), prios.ravel(), batches["_generation"].ravel())
+            left -= k
+        if self.learner.updates - self.version >= lc.publish_interval:
+            self.version = self.learner.updates
+            self.policy.set_weights(self.learner.get_weights(), self.version)
+        stats.version = self.version
+        stats.learner_s = time.perf_counter() - t0
+        self.timings["learner_s"] += stats.learner_s
+        return [stats]
+
+    def submit_eval(self, env_steps: int) -> bool:
+        if not self.evaluator.idle():
+            return False
+        self.evaluator.submit(self.learner.get_weights(), self.learner.updates, env_steps)
+        return True
+
+
+    def poll_eval(self, block: bool = False, timeout: float | None = None) -> list[dict]:
+        return self.evaluator.poll(block, timeout)
+
+    def eval_busy(self) -> bool:
+        return self.evaluator.busy
+
+    def time_breakdown(self) -> dict:
+        return dict(self.timings)
+
+    def close(self) -> None:
+        self.evaluator.close()
+
+
+def resolve_device(device: str) -> str:
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
