@@ -104,6 +104,21 @@ class ApexDQNConfig:
 
 
 @dataclass
+class SACConfig:
+    hidden: list = f([256, 256], "hidden layer sizes of actor and critics")
+    gamma: float = f(0.99, "discount factor", lo=0.0, hi=1.0)
+    n_step: int = f(1, "steps in the n-step critic target", lo=1)
+    tau: float = f(0.005, "Polyak factor for the target critics", lo=0.0, hi=1.0, lo_open=True)
+    actor_lr: float = f(3e-4, "actor Adam learning rate", lo=0.0, lo_open=True)
+    critic_lr: float = f(3e-4, "critic Adam learning rate", lo=0.0, lo_open=True)
+    alpha_lr: float = f(3e-4, "temperature Adam learning rate", lo=0.0, lo_open=True)
+    init_alpha: float = f(1.0, "initial entropy temperature", lo=0.0, lo_open=True)
+    autotune_alpha: bool = f(True, "learn the temperature towards target_entropy")
+    target_entropy: float | None = f(None, "entropy target (null = -dim(action space))")
+    random_steps: int = f(5000, "worker env steps with uniform random actions before the policy acts", lo=0)
+
+
+@dataclass
 class Config:
     algo: str = f("apex_dqn", "algorithm name (see distrl.algos.ALGOS)")
     mode: str = f("async", "run mode: single | sync | async", choices=MODES)
@@ -119,6 +134,7 @@ class Config:
     async_: AsyncConfig = field(default_factory=AsyncConfig, metadata={"doc": "async mode", "key": "async"})
     log: LogConfig = field(default_factory=LogConfig, metadata={"doc": "logging"})
     apex_dqn: ApexDQNConfig = field(default_factory=ApexDQNConfig, metadata={"doc": "Ape-X DQN hyper-parameters"})
+    sac: SACConfig = field(default_factory=SACConfig, metadata={"doc": "SAC hyper-parameters"})
 
 
 def _key(fld: dataclasses.Field) -> str:

@@ -5,6 +5,7 @@ import importlib
 
 ALGOS: dict[str, str] = {
     "apex_dqn": "distrl.algos.apex_dqn",
+    "sac": "distrl.algos.sac",
 }
 
 

@@ -27,7 +27,7 @@ def init_ray(address: str | None, workers: int) -> None:
         ray.init(address=address, log_to_driver=True)
     else:
         # Logical CPUs are scheduling tokens: one per worker and for the learner.
-        ray.init(address="local", num_cpus=workers + 2, include_dashboard=False,
+        ray.init(address="local", num_cpus=max(workers + 2, os.cpu_count() or 1), include_dashboard=False,
                  _node_ip_address="127.0.0.1", log_to_driver=True,
                  configure_logging=False)
 

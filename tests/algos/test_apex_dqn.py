@@ -1,0 +1,93 @@
+import numpy as np
+import pytest
+import torch
+
+from distrl.algos.apex_dqn import ApexDQN, worker_epsilon
+from distrl.config import load_config
+from distrl.core import Trajectory
+from distrl.envs import env_spec
+
+
+@pytest.fixture
+def algo():
+    cfg = load_config(None, ["apex_dqn.hidden=[8, 8]", "apex_dqn.gamma=0.9", "apex_dqn.n_step=1"])
+    return ApexDQN(cfg, env_spec("CartPole-v1"))
+
+
+def test_per_worker_epsilons_follow_apex():
+    cfg = load_config(None).apex_dqn
+    eps = [worker_epsilon(cfg, i, 8, 0) for i in range(8)]
+    assert eps[0] == pytest.approx(0.4)
+    assert eps[-1] == pytest.approx(0.4 ** 8)
+    assert eps[3] == pytest.approx(0.4 ** (1 + 7 * 3 / 7))
+    assert all(a > b for a, b in zip(eps, eps[1:]))
+    # A lone worker decays linearly from eps_start to eps_end; the evaluator is greedy.
+    assert worker_epsilon(cfg, 0, 1, 0) == pytest.approx(cfg.eps_start)
+    assert worker_epsilon(cfg, 0, 1, cfg.eps_decay_steps // 2) == pytest.approx((cfg.eps_start + cfg.eps_end) / 2)
+    assert worker_epsilon(cfg, 0, 1, 10 * cfg.eps_decay_steps) == pytest.approx(cfg.eps_end)
+    assert worker_epsilon(cfg, -1, 4, 0) == 0.0
+
+
+def test_double_dqn_target_and_terminal_discount(algo):
+    learner = algo.make_learner("cpu")
+    # Make online and target nets differ so "double" matters.
+    with torch.no_grad():
+        for p in learner.target.parameters():
+            p.add_(torch.randn_like(p) * 0.5)
+    rng = np.random.default_rng(0)
+    n = 6
+    batch = {"obs": rng.normal(size=(n, 4)).astype(np.float32), "actions": rng.integers(0, 2, n),
+             "rewards": rng.normal(size=n).astype(np.float32),
+             "next_obs": rng.normal(size=(n, 4)).astype(np.float32),
+             "discounts": np.array([0.9, 0.0, 0.9, 0.0, 0.9, 0.9], np.float32),
+             "weights": np.ones(n, np.float32)}
+    with torch.no_grad():
+        q = learner.q(torch.as_tensor(batch["obs"])).numpy()
+        qn_online = learner.q(torch.as_tensor(batch["next_obs"])).numpy()
+        qn_target = learner.target(torch.as_tensor(batch["next_obs"])).numpy()
+    best = qn_online.argmax(1)
+    target = batch["rewards"] + batch["discounts"] * qn_target[np.arange(n), best]
+    expected = np.abs(q[np.arange(n), batch["actions"]] - target)
+    out = learner.update(batch)
+    np.testing.assert_allclose(out["priorities"], expected, rtol=1e-5, atol=1e-6)
+    # Terminal transitions (discount 0) have target = reward exactly.
+    np.testing.assert_allclose(target[[1, 3]], batch["rewards"][[1, 3]])
+    assert learner.updates == 1 and np.isfinite(out["loss"])
+
+
+def test_worker_priorities_are_abs_td_under_own_q(algo):
+    policy = algo.make_policy(0, 2)
+    T, E = 3, 2
+    rng = np.random.default_rng(1)
+    obs = rng.normal(size=(T, E, 4)).astype(np.float32)
+    next_obs = rng.normal(size=(T, E, 4)).astype(np.float32)
+    actions, extras = policy.act(obs.reshape(T * E, 4), explore=False)
+    traj = Trajectory(obs, actions.reshape(T, E), rng.normal(size=(T, E)).astype(np.float32),
+                      np.array([[False, True], [False, False], [False, False]]), np.zeros((T, E), bool),
+                      next_obs, {"q": extras["q"].reshape(T, E, 2)})
+    items, prios = policy.postprocess(traj)
+    with torch.no_grad():
+        q_next = policy.q(torch.as_tensor(next_obs.reshape(T * E, 4))).numpy().max(1)
+    q_taken = extras["q"][np.arange(T * E), actions]
+    disc = np.full(T * E, 0.9, np.float32)
+    disc[1] = 0.0  # env 1 terminated at t=0
+    expected = np.abs(traj.rewards.reshape(-1) + disc * q_next - q_taken)
+    np.testing.assert_allclose(prios, expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(items["discounts"], disc)
+
+
+def test_rejects_continuous_actions():
+    assert "Discrete" in ApexDQN.check_spec(env_spec("Pendulum-v1"))
+    assert ApexDQN.check_spec(env_spec("CartPole-v1")) is None
+
+
+def test_learner_state_round_trip(algo):
+    a, b = algo.make_learner("cpu"), algo.make_learner("cpu")
+    batch = {"obs": np.zeros((4, 4), np.float32), "actions": np.zeros(4, np.int64),
+             "rewards": np.ones(4, np.float32), "next_obs": np.zeros((4, 4), np.float32),
+             "discounts": np.zeros(4, np.float32)}
+    a.update(batch)
+    b.load_state_dict(a.state_dict())
+    assert b.updates == 1
+    for k, v in a.get_weights().items():
+        np.testing.assert_array_equal(v, b.get_weights()[k])

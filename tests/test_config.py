@@ -1,0 +1,101 @@
+import dataclasses
+import glob
+import os
+
+import pytest
+
+from distrl.config import Config, ConfigError, describe, dump_yaml, from_dict, load_config, read_yaml
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.yaml")))
+
+
+def test_defaults_build():
+    cfg = load_config(None)
+    assert cfg.algo == "apex_dqn" and cfg.mode == "async" and cfg.env.id == "CartPole-v1"
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=os.path.basename)
+def test_every_shipped_config_loads_and_validates(path):
+    from distrl.api import validate
+
+    cfg = load_config(path)
+    validate(cfg)
+    assert isinstance(cfg, Config)
+
+
+def test_default_config_is_apex_dqn_cartpole_async():
+    cfg = load_config(os.path.join(ROOT, "configs", "apex_dqn_cartpole.yaml"))
+    assert (cfg.algo, cfg.env.id, cfg.mode) == ("apex_dqn", "CartPole-v1", "async")
+    assert cfg.eval.target_return == 475
+
+
+def test_overrides_are_typed_and_nested():
+    cfg = load_config(None, ["replay.alpha=0.5", "workers=3", "env.kwargs={continuous: true}",
+                             "eval.target_return=null", "async.window_s=0.1"])
+    assert cfg.replay.alpha == 0.5 and cfg.workers == 3
+    assert cfg.env.kwargs == {"continuous": True}
+    assert cfg.eval.target_return is None
+    assert cfg.async_.window_s == 0.1
+
+
+def test_int_accepted_for_float_but_not_bool_for_int():
+    assert load_config(None, ["replay.alpha=1"]).replay.alpha == 1.0
+    with pytest.raises(ConfigError, match="'workers': expected int"):
+        load_config(None, ["workers=true"])
+
+
+@pytest.mark.parametrize("override, message", [
+    (["replay.alhpa=0.5"], "unknown config key 'replay.alhpa'"),
+    (["bogus=1"], "unknown config key 'bogus'"),
+    (["workers=two"], "config key 'workers': expected int, got 'two'"),
+    (["replay.alpha=1.5"], "config key 'replay.alpha': must be <= 1.0, got 1.5"),
+    (["workers=0"], "config key 'workers': must be >= 1, got 0"),
+    (["learner.updates_per_step=0"], "config key 'learner.updates_per_step': must be > 0.0"),
+    (["mode=turbo"], "config key 'mode': must be one of single, sync, async, got 'turbo'"),
+    (["algo=ddpg"], "config key 'algo': unknown algorithm 'ddpg'"),
+    (["env=3"], "config key 'env': expected a mapping"),
+    (["replay.alpha"], "must look like section.key=value"),
+])
+def test_bad_values_name_the_key(override, message):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, override)
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_missing_and_malformed_files(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(str(tmp_path / "nope.yaml"))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("algo: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML at line"):
+        load_config(str(bad))
+    scalar = tmp_path / "scalar.yaml"
+    scalar.write_text("42\n")
+    with pytest.raises(ConfigError, match="must hold a mapping"):
+        read_yaml(str(scalar))
+
+
+def test_round_trip_through_yaml(tmp_path):
+    cfg = load_config(None, ["workers=4", "replay.capacity=1234"])
+    path = tmp_path / "c.yaml"
+    path.write_text(dump_yaml(cfg))
+    assert load_config(str(path)) == cfg
+
+
+def test_every_field_has_a_doc():
+    def walk(cls):
+        for fl in dataclasses.fields(cls):
+            assert fl.metadata.get("doc"), f"{cls.__name__}.{fl.name} has no doc"
+            if dataclasses.is_dataclass(fl.type if not isinstance(fl.type, str) else None):
+                walk(fl.type)
+    walk(Config)
+    for sub in (f.default_factory() for f in dataclasses.fields(Config) if f.default_factory is not dataclasses.MISSING):
+        walk(type(sub))
+    assert any(line.startswith("replay.alpha = 0.6") for line in describe())
+
+
+def test_from_dict_rejects_unknown_algo_section_key():
+    with pytest.raises(ConfigError, match="unknown config key 'apex_dqn.nstep'"):
+        from_dict({"apex_dqn": {"nstep": 3}})

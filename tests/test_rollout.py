@@ -1,0 +1,46 @@
+import numpy as np
+
+from distrl.algos.apex_dqn import ApexDQN
+from distrl.config import load_config
+from distrl.envs import env_spec
+from distrl.rollout import Rollout
+
+
+def make_rollout(seed=0, worker=0, num_envs=4, T=64):
+    cfg = load_config(None, [f"seed={seed}"])
+    algo = ApexDQN(cfg, env_spec("CartPole-v1"))
+    policy = algo.make_policy(worker, 2)
+    learner = algo.make_learner("cpu")
+    policy.set_weights(learner.get_weights(), 0)
+    return Rollout(policy, "CartPole-v1", num_envs, T, seed + worker, worker)
+
+
+def test_fragment_is_one_dict_of_arrays_tagged_with_worker_and_version():
+    frag = make_rollout(worker=1).sample()
+    assert frag.info.worker == 1 and frag.info.version == 0
+    assert frag.info.env_steps == 4 * 64
+    n = 4 * 64
+    assert set(frag.data) == {"obs", "actions", "rewards", "next_obs", "discounts", "version"}
+    assert all(isinstance(v, np.ndarray) and len(v) == n for v in frag.data.values())
+    assert frag.data["obs"].dtype == np.float32 and frag.priorities.shape == (n,)
+    assert len(frag.info.episode_returns) > 0  # random-ish CartPole episodes are short
+
+
+def test_episode_ends_keep_the_true_final_observation():
+    r = make_rollout(T=64)
+    frag = r.sample()
+    # discount 0 marks a termination; its bootstrap obs must be a terminal CartPole state
+    # (pole angle or cart position out of bounds), never a fresh reset state.
+    done = frag.data["discounts"] == 0
+    assert done.any()
+    final = frag.data["next_obs"][done]
+    out_of_bounds = (np.abs(final[:, 0]) > 2.4) | (np.abs(final[:, 2]) > 0.2095)
+    assert out_of_bounds.all()
+
+
+def test_same_seed_same_fragment_and_workers_differ():
+    a, b, c = make_rollout(seed=3), make_rollout(seed=3), make_rollout(seed=3, worker=1)
+    fa, fb, fc = a.sample(), b.sample(), c.sample()
+    for k in fa.data:
+        np.testing.assert_array_equal(fa.data[k], fb.data[k])
+    assert not np.array_equal(fa.data["obs"], fc.data["obs"])
