@@ -106,6 +106,7 @@ class RolloutWorker:
         self.ps = ps
         self.pending = None  # an in-flight pull, overlapped with stepping
         self.pull_s = 0.0
+        self.last_return = None  # when the previous fragment left: the gap is idle + transfer
 
     def _pull(self, blocking: bool) -> None:
         """Load newer weights; blocking in sync mode, overlapped with stepping in async."""
@@ -126,9 +127,13 @@ class RolloutWorker:
 
     @ray.method(num_returns=2)
     def sample(self, blocking_pull: bool):
+        start = time.perf_counter()
         self._pull(blocking_pull or self.policy.version < 0)
         frag = self.rollout.sample()
         frag.info.timings["pull_s"], self.pull_s = self.pull_s, 0.0
+        if self.last_return is not None:
+            frag.info.timings["worker_idle_s"] = start - self.last_return
+        self.last_return = time.perf_counter()
         return frag.info, (frag.data, frag.priorities)
 
     def pid(self) -> int:

@@ -1,0 +1,1 @@
+"""Benchmarks: `python -m bench.throughput`, `python -m bench.solve`. Results in bench/RESULTS.md."""

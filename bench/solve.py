@@ -1,0 +1,87 @@
+"""Wall time to solve, per mode, over seeds, from the command's start (a fresh process).
+
+    python -m bench.solve [--config configs/apex_dqn_cartpole.yaml] [--modes single sync async]
+                          [--seeds 0 1 2] [--workers 2] [--max-seconds 300]
+
+Each run is `distrl train ...` in its own process, so Python, torch and Ray
+start-up are all inside the measured time.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+from bench.common import ROOT, hardware, write_json
+
+
+def solve_once(config: str, mode: str, seed: int, workers: int, max_seconds: float, extra: list[str]) -> dict:
+    run_dir = tempfile.mkdtemp(prefix=f"solve-{mode}-{seed}-")
+    os.rmdir(run_dir)
+    cmd = [sys.executable, "-m", "distrl.cli", "train", config, "--mode", mode, "--seed", str(seed),
+           "--workers", str(workers), "--max-seconds", str(max_seconds), "--run-dir", run_dir,
+           "--set", "log.progress=false", *sum((["--set", e] for e in extra), [])]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"run failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-2000:]}")
+    s = json.load(open(os.path.join(run_dir, "summary.json")))
+    keys = ("mode", "workers", "seed", "solved", "time_to_solve_s", "wall_s", "env_steps", "updates",
+            "best_eval_return", "policy_lag", "time_breakdown_s")
+    out = {k: s.get(k) for k in keys}
+    out["updates_per_s"] = round(s["updates"] / max(s["wall_s"], 1e-9), 1)
+    return out
+
+
+def median_or_none(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--config", default=os.path.join(ROOT, "configs", "apex_dqn_cartpole.yaml"))
+    ap.add_argument("--modes", nargs="+", default=["single", "sync", "async"])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--max-seconds", type=float, default=300.0)
+    ap.add_argument("--set", dest="extra", action="append", default=[])
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    stem = os.path.splitext(os.path.basename(args.config))[0]
+    out = args.out or os.path.join(ROOT, "bench", "results", f"solve_{stem}.json")
+    results = {"hardware": hardware(), "config": os.path.relpath(args.config, ROOT), "runs": [], "median": {}}
+    for mode in args.modes:
+        for seed in args.seeds:
+            r = solve_once(args.config, mode, seed, args.workers, args.max_seconds, args.extra)
+            results["runs"].append(r)
+            print(json.dumps(r), flush=True)
+        runs = [r for r in results["runs"] if r["mode"] == mode]
+        # An unsolved run counts as its full budget, so the median never flatters.
+        times = [r["time_to_solve_s"] if r["solved"] else args.max_seconds for r in runs]
+        results["median"][mode] = {
+            "time_to_solve_s": statistics.median(times), "solved": sum(r["solved"] for r in runs),
+            "runs": len(runs), "env_steps": median_or_none([r["env_steps"] for r in runs]),
+            "updates": median_or_none([r["updates"] for r in runs]),
+            "updates_per_s": median_or_none([r["updates_per_s"] for r in runs]),
+            "policy_lag_p50": median_or_none([r["policy_lag"]["p50"] for r in runs]),
+            "policy_lag_p90": median_or_none([r["policy_lag"]["p90"] for r in runs]),
+        }
+    write_json(out, results)
+    print(table(results))
+
+
+def table(results: dict) -> str:
+    lines = ["| mode | solved | median time to solve (s) | env steps | updates | updates/s | policy lag p50 / p90 |",
+             "|---|---|---|---|---|---|---|"]
+    for mode, m in results["median"].items():
+        lines.append(f"| {mode} | {m['solved']}/{m['runs']} | {m['time_to_solve_s']:.1f} | {m['env_steps']:.0f} | "
+                     f"{m['updates']:.0f} | {m['updates_per_s']:.0f} | {m['policy_lag_p50']:.0f} / {m['policy_lag_p90']:.0f} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""Sampling throughput of each mode vs a bare gymnasium loop, and where the time goes.
+
+    python -m bench.throughput [--seconds 15] [--workers 1 2 4] [--modes single sync async]
+
+Overhead ratio = env steps/s of a sampling-only run (learning off) / env steps/s
+of a bare loop: the same number of processes each stepping `num_envs` envs with
+random actions, no network, on the same cores. The training runs then show
+where the time goes with the learner on.
+"""
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import tempfile
+import time
+
+import numpy as np
+
+from bench.common import ROOT, hardware, steady_rates, write_json
+
+CONFIG = os.path.join(ROOT, "configs", "apex_dqn_cartpole.yaml")
+
+
+def _bare_worker(env_id: str, num_envs: int, seconds: float, seed: int, out) -> None:
+    import gymnasium as gym
+
+    envs = [gym.make(env_id) for _ in range(num_envs)]
+    for i, e in enumerate(envs):
+        e.reset(seed=seed + i)
+    rng = np.random.default_rng(seed)
+    n = envs[0].action_space.n
+    steps, t_end = 0, time.perf_counter() + seconds
+    t0 = time.perf_counter()
+    while time.perf_counter() < t_end:
+        actions = rng.integers(0, n, num_envs)
+        for e, a in zip(envs, actions):
+            _, _, term, trunc, _ = e.step(a)
+            if term or trunc:
+                e.reset()
+        steps += num_envs
+    out.put(steps / (time.perf_counter() - t0))
+
+
+def bare_loop(processes: int, num_envs: int, seconds: float, env_id: str = "CartPole-v1") -> float:
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_bare_worker, args=(env_id, num_envs, seconds, 100 * i, q)) for i in range(processes)]
+    for p in procs:
+        p.start()
+    rates = [q.get() for _ in procs]
+    for p in procs:
+        p.join()
+    return float(sum(rates))
+
+
+def run(mode: str, workers: int, seconds: float, learn: bool) -> dict:
+    from distrl import train
+
+    overrides = [f"mode={mode}", f"workers={workers}", "eval.target_return=null", "log.progress=false",
+                 "log.tensorboard=false", "log.interval_s=0.5"]
+    if not learn:  # sampling only: learning never starts, so no learner competes for the cores
+        overrides += ["replay.capacity=2000000", "replay.learning_starts=2000000", "eval.interval_s=1000"]
+    run_dir = tempfile.mkdtemp(prefix=f"bench-{mode}-{workers}-")
+    start = time.time()
+    # stop.max_seconds counts from start-up: give start-up its own allowance.
+    summary = train(CONFIG, overrides=overrides + [f"stop.max_seconds={seconds + 15}"], run_dir=run_dir,
+                    start_time=start)
+    rates = steady_rates(run_dir)
+    wall = summary["wall_s"]
+    tb = summary["time_breakdown_s"]
+    n = workers if mode != "single" else 1
+    worker_time = n * wall
+    breakdown = {k: round(v / worker_time, 3) for k, v in tb.items()
+                 if k in ("env_s", "inference_s", "pull_s", "worker_idle_s")}
+    breakdown.update({k: round(v / wall, 3) for k, v in tb.items() if k.startswith("learner")})
+    return {"mode": mode, "workers": n, "learn": learn, **{k: round(v, 1) for k, v in rates.items()},
+            "fractions": breakdown}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=float, default=15.0)
+    ap.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
+    ap.add_argument("--modes", nargs="+", default=["single", "sync", "async"])
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "throughput.json"))
+    args = ap.parse_args()
+    import yaml
+
+    num_envs = yaml.safe_load(open(CONFIG))["env"]["num_envs"]
+    results = {"hardware": hardware(), "num_envs": num_envs, "bare": {}, "runs": []}
+    for w in sorted(set(args.workers) | {1}):
+        results["bare"][w] = round(bare_loop(w, num_envs, 5.0), 1)
+        print(f"bare loop, {w} process(es) x {num_envs} envs: {results['bare'][w]:.0f} steps/s", flush=True)
+    for mode in args.modes:
+        for w in ([1] if mode == "single" else args.workers):
+            for learn in (False, True):
+                r = run(mode, w, args.seconds, learn)
+                if not learn:
+                    r["overhead_ratio"] = round(r["env_steps_per_s"] / results["bare"][w], 3)
+                results["runs"].append(r)
+                print(r, flush=True)
+    write_json(args.out, results)
+    print(table(results))
+
+
+def table(results: dict) -> str:
+    lines = ["| mode | workers | learner | env steps/s | updates/s | overhead ratio | env | inference | weights pull | worker idle | learner busy | learner waits |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results["runs"]:
+        f = r["fractions"]
+        lines.append(f"| {r['mode']} | {r['workers']} | {'on' if r['learn'] else 'off'} | {r['env_steps_per_s']:.0f} | "
+                     f"{r['updates_per_s']:.0f} | {r.get('overhead_ratio', '')} | {f.get('env_s', 0):.0%} | "
+                     f"{f.get('inference_s', 0):.0%} | {f.get('pull_s', 0):.0%} | {f.get('worker_idle_s', 0):.0%} | "
+                     f"{f.get('learner_s', 0):.0%} | {f.get('learner_wait_s', 0):.0%} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
