@@ -54,11 +54,17 @@ class ReplayConfig:
 
 
 @dataclass
+class QueueConfig:
+    capacity: int = f(8, "fragments the trajectory FIFO holds before workers are held back", lo=1)
+
+
+@dataclass
 class LearnerConfig:
     batch_size: int = f(256, "transitions per gradient update", lo=1)
     updates_per_step: float = f(0.0625, "gradient updates per env step (update-to-data ratio), held in every mode", lo=0.0, lo_open=True)
     batches_per_call: int = f(8, "batches fetched from the replay server per round trip", lo=1)
     publish_interval: int = f(8, "updates between weight publications to the parameter server", lo=1)
+    fragments_per_update: int = f(0, "on-policy: fragments per update (0 = one per worker)", lo=0)
 
 
 @dataclass
@@ -95,7 +101,7 @@ class ApexDQNConfig:
     gamma: float = f(0.99, "discount factor", lo=0.0, hi=1.0)
     lr: float = f(2e-3, "Adam learning rate", lo=0.0, lo_open=True)
     target_update_interval: int = f(100, "updates between target-network copies", lo=1)
-    grad_clip: float = f(10.0, "max global gradient norm", lo=0.0, lo_open=True)
+    grad_clip: float | None = f(10.0, "max global gradient norm (null = no clipping)", lo=0.0, lo_open=True)
     eps: float = f(0.4, "Ape-X base epsilon: worker i uses eps^(1 + eps_alpha*i/(N-1))", lo=0.0, hi=1.0)
     eps_alpha: float = f(7.0, "Ape-X epsilon spread exponent", lo=0.0)
     eps_start: float = f(1.0, "single-worker epsilon at the start of its decay", lo=0.0, hi=1.0)
@@ -119,6 +125,31 @@ class SACConfig:
 
 
 @dataclass
+class ActorCriticConfig:
+    """Shared by a2c, a3c, ppo and impala; each has its own section of this shape."""
+
+    hidden: list = f([64, 64], "hidden layer sizes of the policy and value networks")
+    shared_torso: bool = f(False, "policy and value heads share one torso")
+    gamma: float = f(0.99, "discount factor", lo=0.0, hi=1.0)
+    gae_lambda: float = f(0.95, "GAE lambda (1.0 = n-step returns)", lo=0.0, hi=1.0)
+    lr: float = f(3e-4, "learning rate", lo=0.0, lo_open=True)
+    vf_coef: float = f(0.5, "value loss coefficient", lo=0.0)
+    ent_coef: float = f(0.0, "entropy bonus coefficient", lo=0.0)
+    grad_clip: float | None = f(0.5, "max global gradient norm (null = no clipping)", lo=0.0, lo_open=True)
+    normalize_advantages: bool = f(True, "standardise advantages per update")
+    # PPO
+    clip: float = f(0.2, "ppo: surrogate ratio clip", lo=0.0, lo_open=True)
+    vf_clip: float | None = f(None, "ppo: value clipping range (null = off)", lo=0.0, lo_open=True)
+    epochs: int = f(4, "ppo: passes over each batch", lo=1)
+    minibatches: int = f(4, "ppo: minibatches per epoch", lo=1)
+    # IMPALA (and async PPO's lag correction)
+    rho_bar: float = f(1.0, "V-trace importance weight clip for the value target and advantages", lo=0.0, lo_open=True)
+    c_bar: float = f(1.0, "V-trace trace-cutting clip", lo=0.0, lo_open=True)
+    # A3C
+    max_staleness: int = f(16, "a3c: gradients computed more than this many updates ago are dropped", lo=0)
+
+
+@dataclass
 class Config:
     algo: str = f("apex_dqn", "algorithm name (see distrl.algos.ALGOS)")
     mode: str = f("async", "run mode: single | sync | async", choices=MODES)
@@ -129,12 +160,17 @@ class Config:
     rollout: RolloutConfig = field(default_factory=RolloutConfig, metadata={"doc": "rollout workers"})
     replay: ReplayConfig = field(default_factory=ReplayConfig, metadata={"doc": "replay server"})
     learner: LearnerConfig = field(default_factory=LearnerConfig, metadata={"doc": "learner"})
+    queue: QueueConfig = field(default_factory=QueueConfig, metadata={"doc": "trajectory FIFO (on-policy algorithms)"})
     eval: EvalConfig = field(default_factory=EvalConfig, metadata={"doc": "evaluator"})
     stop: StopConfig = field(default_factory=StopConfig, metadata={"doc": "stop conditions"})
     async_: AsyncConfig = field(default_factory=AsyncConfig, metadata={"doc": "async mode", "key": "async"})
     log: LogConfig = field(default_factory=LogConfig, metadata={"doc": "logging"})
     apex_dqn: ApexDQNConfig = field(default_factory=ApexDQNConfig, metadata={"doc": "Ape-X DQN hyper-parameters"})
     sac: SACConfig = field(default_factory=SACConfig, metadata={"doc": "SAC hyper-parameters"})
+    a2c: ActorCriticConfig = field(default_factory=ActorCriticConfig, metadata={"doc": "A2C hyper-parameters"})
+    a3c: ActorCriticConfig = field(default_factory=ActorCriticConfig, metadata={"doc": "A3C hyper-parameters"})
+    ppo: ActorCriticConfig = field(default_factory=ActorCriticConfig, metadata={"doc": "PPO hyper-parameters"})
+    impala: ActorCriticConfig = field(default_factory=ActorCriticConfig, metadata={"doc": "IMPALA hyper-parameters"})
 
 
 def _key(fld: dataclasses.Field) -> str:

@@ -56,7 +56,8 @@ class Rollout:
         t0 = time.perf_counter()
         traj = Trajectory(obs, actions, rewards, terminated, truncated, next_obs, extras)
         data, priorities = self.policy.postprocess(traj)
-        data["version"] = np.full(len(next(iter(data.values()))), version, np.int32)
+        if "version" not in data:  # per item: flat (N,) for replay, (T, E) for trajectories
+            data["version"] = np.full(data["rewards"].shape if "rewards" in data else (1,), version, np.int32)
         info = FragmentInfo(
             worker=self.worker_index, version=version, env_steps=T * E,
             episode_returns=np.asarray(returns, np.float64), episode_lengths=np.asarray(lengths, np.int64),

@@ -6,6 +6,10 @@ import importlib
 ALGOS: dict[str, str] = {
     "apex_dqn": "distrl.algos.apex_dqn",
     "sac": "distrl.algos.sac",
+    "a2c": "distrl.algos.a2c",
+    "a3c": "distrl.algos.a3c",
+    "ppo": "distrl.algos.ppo",
+    "impala": "distrl.algos.impala",
 }
 
 

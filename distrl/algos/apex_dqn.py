@@ -127,7 +127,8 @@ class DQNLearner(Learner):
         loss = (elementwise * weights).mean() if weights is not None else elementwise.mean()
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
-        grad_norm = nn.utils.clip_grad_norm_(self.q.parameters(), self.cfg.grad_clip, foreach=True)
+        grad_norm = (nn.utils.clip_grad_norm_(self.q.parameters(), self.cfg.grad_clip, foreach=True)
+                     if self.cfg.grad_clip else torch.zeros(()))
         self.opt.step()
         self.updates += 1
         if self.updates % self.cfg.target_update_interval == 0:
