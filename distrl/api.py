@@ -17,9 +17,13 @@ def validate(cfg: Config) -> None:
         spec = env_spec(cfg.env.id, cfg.env.kwargs)
     except EnvError as e:
         raise ConfigError(str(e)) from None
-    problem = get_algorithm_class(cfg.algo).check_spec(spec)
+    algo = get_algorithm_class(cfg.algo)
+    problem = algo.check_spec(spec)
     if problem:
         raise ConfigError(f"config key 'algo': {problem} ({cfg.env.id})")
+    if cfg.mode not in algo.modes:
+        raise ConfigError(f"config key 'mode': {cfg.algo} does not support mode {cfg.mode!r} "
+                          f"(supported: {', '.join(algo.modes)})")
     if cfg.device != "auto" and not (cfg.device == "cpu" or cfg.device.startswith("cuda")):
         raise ConfigError(f"config key 'device': expected auto, cpu, cuda or cuda:N, got {cfg.device!r}")
     if cfg.device.startswith("cuda"):

@@ -124,8 +124,8 @@ class Algorithm(abc.ABC):
     """Factory tying an algorithm's config to its policy and learner."""
 
     name: str = ""
-    data_path: str = "replay"
-    """'replay' (off-policy, sampled from a replay server)."""
+    modes: tuple[str, ...] = ("single", "sync", "async")
+    """Run modes this algorithm supports."""
 
     def __init__(self, cfg: Any, spec: EnvSpec):
         self.cfg = cfg

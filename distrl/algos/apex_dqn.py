@@ -156,7 +156,6 @@ class DQNLearner(Learner):
 
 class ApexDQN(Algorithm):
     name = "apex_dqn"
-    data_path = "replay"
 
     @classmethod
     def check_spec(cls, spec: EnvSpec) -> str | None:

@@ -64,31 +64,29 @@ class ParameterServer:
 
 @ray.remote(num_cpus=0)
 class ReplayServer:
-    """Prioritized (or uniform) replay; the learner samples blocks of batches from it."""
+    """Experience store: prioritized/uniform replay, or the on-policy trajectory FIFO."""
 
     def __init__(self, cfg_dict: dict):
-        from distrl.runtime.local import make_replay
+        from distrl.learning import make_store
 
         self.cfg = from_dict(cfg_dict)
-        self.buffer = make_replay(self.cfg)
-        self.added = 0
+        self.store = make_store(self.cfg)
 
     def add(self, payload) -> int:
         data, priorities = payload
-        self.buffer.add(data, priorities)
-        self.added += len(data["rewards"])
-        return self.added
+        self.store.add(data, priorities)
+        return len(self.store)
 
-    def sample_many(self, num_batches: int, batch_size: int):
-        if len(self.buffer) == 0:
-            return None
-        return self.buffer.sample_many(num_batches, batch_size)
+    def next_block(self, max_updates: int):
+        from distrl.learning import next_block
+
+        return next_block(self.store, self.cfg, max_updates)
 
     def update_priorities(self, indices, priorities, generations) -> None:
-        self.buffer.update_priorities(indices, priorities, generations)
+        self.store.update_priorities(indices, priorities, generations)
 
     def size(self) -> int:
-        return len(self.buffer)
+        return len(self.store)
 
 
 @ray.remote
@@ -152,38 +150,42 @@ class Learner:
         self.ps, self.replay = ps, replay
         self.prefetch = None
         self.version = -1
+        from distrl.algos import data_path
+
+        # On-policy data must come from the newest policy: publish after every update.
+        self.on_policy = data_path(cfg.algo) == "trajectory"
+        self.publish_interval = 1 if self.on_policy else cfg.learner.publish_interval
 
     def publish(self) -> int:
         self.version = self.learner.updates
         self.ps.push.remote(self.version, [ray.put(self.learner.get_weights())])
         return self.version
 
-    def _fetch(self):
-        lc = self.cfg.learner
-        return self.replay.sample_many.remote(lc.batches_per_call, lc.batch_size)
+    def _fetch(self, max_updates: int):
+        return self.replay.next_block.remote(max_updates)
 
     def train(self, num_updates: int) -> TrainStats:
+        """Up to `num_updates` updates; stops early when the store has nothing to give."""
         from distrl.learning import learn_block
 
         stats = TrainStats()
         t_start = time.perf_counter()
-        left = num_updates
-        while left > 0:
+        while stats.consumed < num_updates:
             t0 = time.perf_counter()
-            block = ray.get(self.prefetch if self.prefetch is not None else self._fetch())
-            self.prefetch = self._fetch()  # the next block travels while this one trains
+            ref = self.prefetch if self.prefetch is not None else self._fetch(num_updates - stats.consumed)
+            block, self.prefetch = ray.get(ref), None
             stats.wait_s += time.perf_counter() - t0
             if block is None:
                 break
-            batches, idx, w = block
-            k = min(left, w.shape[0])
-            if k < w.shape[0]:
-                batches, idx, w = {key: v[:k] for key, v in batches.items()}, idx[:k], w[:k]
-            prios = learn_block(self.learner, batches, w, stats)
+            k = next(iter(block[0].values())).shape[0]
+            left = num_updates - stats.consumed - k
+            if left > 0 and not self.on_policy:
+                self.prefetch = self._fetch(left)  # the next block travels while this one trains
+            prios = learn_block(self.learner, block, stats)
             if prios is not None:
+                batches, idx, _ = block
                 self.replay.update_priorities.remote(idx.ravel(), prios.ravel(), batches["_generation"].ravel())
-            left -= k
-            if self.learner.updates - self.version >= self.cfg.learner.publish_interval:
+            if self.learner.updates - self.version >= self.publish_interval:
                 self.publish()
         if self.learner.updates != self.version:
             self.publish()

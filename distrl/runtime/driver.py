@@ -9,8 +9,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from distrl.algos import data_path
 from distrl.checkpoint import save_json
 from distrl.config import Config, dump_yaml
+from distrl.learning import fragments_per_update
 from distrl.observe import MetricsLogger
 
 
@@ -20,6 +22,8 @@ class Counters:
 
     env_steps: int = 0
     updates: int = 0
+    consumed: int = 0  # batches the learner took (updates + dropped stale gradients)
+    dropped: int = 0
     episodes: int = 0
     fragments: int = 0
     version: int = 0
@@ -46,20 +50,27 @@ class Driver:
         self.c = Counters()
         self.logger = MetricsLogger(run_dir, cfg.log.tensorboard, cfg.log.progress)
         self.stop_requested: str | None = None
+        self.on_policy = data_path(cfg.algo) == "trajectory"
+        self.fpu = fragments_per_update(cfg)
         self.last_eval_submit = 0.0
         self.last_log = self.last_log_steps = self.last_log_updates = None
 
     # --- budget: the update-to-data ratio holds in every mode -------------------
     def update_target(self) -> int:
+        """Batches the learner should have consumed by now, given the data gathered."""
+        if self.on_policy:
+            return self.c.fragments // self.fpu  # each fragment is used exactly once
         started = self.c.env_steps - self.cfg.replay.learning_starts
         return int(self.cfg.learner.updates_per_step * started) if started >= 0 else 0
 
     def update_budget(self) -> int:
         inflight = getattr(self.roles, "updates_in_flight", lambda: 0)()
-        return self.update_target() - self.c.updates - inflight
+        return self.update_target() - self.c.consumed - inflight
 
     def sampling_allowed(self) -> bool:
-        # Workers back off when the learner is more than two calls behind.
+        """Workers back off when the learner is behind (backpressure)."""
+        if self.on_policy:
+            return self.c.fragments - self.c.consumed * self.fpu < self.cfg.queue.capacity
         return self.update_budget() <= 8 * self.cfg.learner.batches_per_call
 
     # --- the loop ---------------------------------------------------------------
@@ -90,6 +101,8 @@ class Driver:
 
     def _count_training(self, stats) -> None:
         self.c.updates += stats.updates
+        self.c.consumed += stats.consumed
+        self.c.dropped += stats.dropped
         self.c.version = max(self.c.version, stats.version)
         self.c.lags.extend(stats.lags)
         self.c.all_lags.extend(stats.lags)
@@ -135,7 +148,7 @@ class Driver:
             "policy_lag_mean": _mean(lags), "policy_lag_max": max(lags) if lags else None,
             "loss": self.c.loss_sum / self.c.loss_n if self.c.loss_n else None,
             "workers_ready_mean": _mean(self.c.ready), "workers_late_mean": _mean(self.c.late),
-            "fragments_dropped": 0, "weight_version": self.c.version,
+            "fragments_dropped": 0, "gradients_dropped": self.c.dropped, "weight_version": self.c.version,
         }
         self.logger.row(row)
         self.c.lags, self.c.ready, self.c.late = [], [], []
@@ -163,6 +176,7 @@ class Driver:
             "solved": self.c.solved_at is not None,
             "time_to_solve_s": round(self.c.solved_at, 3) if self.c.solved_at is not None else None,
             "stop_reason": reason, "evaluations": len(self.c.evaluations),
+            "gradients_dropped": self.c.dropped,
             "policy_lag": {"mean": float(lags.mean()), "p50": float(np.percentile(lags, 50)),
                            "p90": float(np.percentile(lags, 90)), "max": float(lags.max())},
             "time_breakdown_s": {k: round(v, 3) for k, v in self.roles.time_breakdown().items()},

@@ -13,10 +13,10 @@ import time
 
 import numpy as np
 
+from distrl.algos import data_path
 from distrl.config import Config, from_dict, to_dict
 from distrl.core import FragmentInfo
-from distrl.learning import TrainStats, learn_block
-from distrl.replay import ReplayBuffer
+from distrl.learning import TrainStats, learn_block, make_store, next_block, write_priorities
 from distrl.rollout import Rollout
 
 
@@ -25,11 +25,6 @@ def build_algorithm(cfg: Config):
     from distrl.envs import env_spec
 
     return get_algorithm_class(cfg.algo)(cfg, env_spec(cfg.env.id, cfg.env.kwargs))
-
-
-def make_replay(cfg: Config) -> ReplayBuffer:
-    r = cfg.replay
-    return ReplayBuffer(r.capacity, r.prioritized, r.alpha, r.beta0, r.beta_steps, seed=cfg.seed)
 
 
 def evaluator_main(cfg_dict: dict, run_dir: str, start_time: float, inbox, outbox) -> None:
@@ -116,12 +111,13 @@ class LocalRoles:
         self.policy = policy
         self.rollout = Rollout(policy, cfg.env.id, cfg.env.num_envs, cfg.rollout.fragment_length,
                                cfg.seed, 0, cfg.env.kwargs)
-        self.replay = make_replay(cfg)
+        self.store = make_store(cfg)
+        self.on_policy = data_path(cfg.algo) == "trajectory"
         self.timings = {"env_s": 0.0, "inference_s": 0.0, "learner_s": 0.0}
 
     def gather(self, allow_sampling: bool) -> tuple[list[FragmentInfo], dict]:
         frag = self.rollout.sample()
-        self.replay.add(frag.data, frag.priorities)
+        self.store.add(frag.data, frag.priorities)
         for k, v in frag.info.timings.items():
             self.timings[k] += v
         return [frag.info], {"ready": 1, "late": 0}
@@ -131,16 +127,14 @@ class LocalRoles:
             return []
         t0 = time.perf_counter()
         stats = TrainStats()
-        lc = self.cfg.learner
-        left = budget
-        while left > 0:
-            k = min(left, lc.batches_per_call)
-            batches, idx, w = self.replay.sample_many(k, lc.batch_size)
-            prios = learn_block(self.learner, batches, w, stats)
-            if prios is not None:
-                self.replay.update_priorities(idx.ravel(), prios.ravel(), batches["_generation"].ravel())
-            left -= k
-        if self.learner.updates - self.version >= lc.publish_interval:
+        while stats.consumed < budget:
+            block = next_block(self.store, self.cfg, budget - stats.consumed)
+            if block is None:
+                break
+            write_priorities(self.store, block, learn_block(self.learner, block, stats))
+        # On-policy data must come from the newest policy: publish after every update.
+        interval = 1 if self.on_policy else self.cfg.learner.publish_interval
+        if self.learner.updates - self.version >= interval:
             self.version = self.learner.updates
             self.policy.set_weights(self.learner.get_weights(), self.version)
         stats.version = self.version

@@ -1,0 +1,86 @@
+"""A3C (Mnih et al., 2016): workers compute A2C gradients, the learner applies them.
+
+A worker's `postprocess` evaluates the A2C loss (see `distrl.algos.a2c`) of its
+own fragment under its own copy of the published weights and sends a gradient
+message instead of experience::
+
+    {"grad/<param name>": float32 array shaped like the parameter, ...,
+     "steps": [T*E], "version": [weights version],
+     "loss_policy": [..], "loss_value": [..], "entropy": [..]}
+
+The learner takes one message per update() (k = 1) in arrival order. A message
+whose staleness (learner updates - version) exceeds max_staleness is dropped
+without a step; otherwise its gradients become the master parameters' .grad,
+are clipped to grad_clip and the optimizer steps once.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from distrl.algos.a2c import a2c_loss
+from distrl.algos.actor_critic import (ActorCriticAlgorithm, ActorCriticLearner, ActorCriticPolicy,
+                                       time_major)
+from distrl.core import Batch, Trajectory
+
+_TERMS = ("loss_policy", "loss_value", "entropy")
+
+
+class A3CPolicy(ActorCriticPolicy):
+    def postprocess(self, traj: Trajectory) -> tuple[Batch, None]:
+        items, _ = super().postprocess(traj)
+        loss, terms = a2c_loss(self.net, time_major(items, "cpu"), self.cfg)
+        self.net.zero_grad(set_to_none=True)
+        loss.backward()
+        msg = {f"grad/{name}": (p.grad.numpy().astype(np.float32, copy=True) if p.grad is not None
+                                else np.zeros(p.shape, np.float32))
+               for name, p in self.net.named_parameters()}
+        self.net.zero_grad(set_to_none=True)
+        msg["steps"] = np.array([traj.rewards.size], np.int64)
+        msg["version"] = np.array([self.version], np.int32)
+        msg.update({k: np.array([v.item()], np.float32) for k, v in terms.items()})
+        return msg, None
+
+
+class A3CLearner(ActorCriticLearner):
+    def __init__(self, spec, cfg, device: str):
+        super().__init__(spec, cfg, device)
+        self.params = dict(self.net.named_parameters())
+        self.dropped = 0
+
+    def update(self, batch: Batch) -> dict[str, Any]:
+        if np.shape(batch["version"]) != (1,):
+            raise ValueError("a3c takes exactly one gradient message per update (fragments_per_update = 1)")
+        c = self.cfg
+        staleness = self.updates - int(batch["version"][0])
+        terms = {k: float(batch[k][0]) for k in _TERMS}
+        loss = terms["loss_policy"] + c.vf_coef * terms["loss_value"] - c.ent_coef * terms["entropy"]
+        out = {"loss": loss, **terms, "staleness": staleness}
+        if staleness > c.max_staleness:
+            self.dropped += 1
+            return {**out, "dropped": 1, "dropped_total": self.dropped}
+        for name, p in self.params.items():
+            # torch.tensor copies: the message may be a read-only view from the object store.
+            p.grad = torch.tensor(batch[f"grad/{name}"], device=self.device).view_as(p)
+        grad_norm = self.step()
+        self.updates += 1
+        return {**out, "dropped": 0, "dropped_total": self.dropped, "grad_norm": grad_norm,
+                "optimizer_steps": self.optimizer_steps}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "dropped": self.dropped}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.dropped = int(state.get("dropped", 0))
+
+
+class A3C(ActorCriticAlgorithm):
+    name = "a3c"
+    policy_cls = A3CPolicy
+    learner_cls = A3CLearner
+
+
+ALGORITHM = A3C

@@ -1,0 +1,101 @@
+"""PPO (Schulman et al., 2017): clipped surrogate, optional value clipping, epochs x minibatches.
+
+Each update() call uses its batch for `epochs` passes of `minibatches` shuffled
+minibatches over the T*B samples; advantages are computed once per call with the
+learner's current value net and normalised over the whole batch.
+
+Policy lag (async mode): when any of the batch's data was produced by weights
+older than the learner's (version < updates), advantages and value targets come
+from V-trace with a lambda trace, rho_t = min(rho_bar, pi/mu) and
+c_t = gae_lambda * min(c_bar, pi/mu), pi being the learner's current policy:
+advantage_t = vs_t - V(x_t), value target vs_t. These are GAE's estimates with
+each step's TD error and trace weighted by truncated importance ratios, so they
+estimate the current policy's values instead of the stale behaviour's, and with
+pi == mu (no lag) and rho_bar, c_bar >= 1 they equal GAE exactly; with no lag we
+simply call GAE. The surrogate's ratio is always taken against the stored
+behaviour log-probs, as in standard PPO, so the clip bounds the step away from
+the policy that actually collected the data.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from distrl.algos.actor_critic import (ActorCriticAlgorithm, ActorCriticLearner, bootstrap_values,
+                                       normalize, time_major)
+from distrl.algos.advantages import gae, vtrace
+from distrl.core import Batch
+
+
+def ppo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
+             values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
+             entropy: torch.Tensor, cfg) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped surrogate + (optionally clipped) value loss - entropy bonus, with diagnostics."""
+    log_ratio = logp - old_logp
+    ratio = log_ratio.exp()
+    clipped = ratio.clamp(1.0 - cfg.clip, 1.0 + cfg.clip)
+    loss_policy = -torch.min(ratio * advantages, clipped * advantages).mean()
+    err = (values - returns).square()
+    if cfg.vf_clip:
+        # Pessimistic: the larger of the plain and the clipped-update errors.
+        v_clip = old_values + (values - old_values).clamp(-cfg.vf_clip, cfg.vf_clip)
+        err = torch.max(err, (v_clip - returns).square())
+    loss_value = 0.5 * err.mean()
+    ent = entropy.mean()
+    loss = loss_policy + cfg.vf_coef * loss_value - cfg.ent_coef * ent
+    with torch.no_grad():
+        approx_kl = ((ratio - 1.0) - log_ratio).mean()  # Schulman's low-variance KL(mu||pi) estimator
+        clip_frac = ((ratio - 1.0).abs() > cfg.clip).float().mean()
+    return loss, {"loss_policy": loss_policy, "loss_value": loss_value, "entropy": ent,
+                  "approx_kl": approx_kl, "clip_frac": clip_frac}
+
+
+class PPOLearner(ActorCriticLearner):
+    def targets(self, t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
+        """(advantages, returns, values, mean policy lag), all (T, B), under the current net."""
+        c, shape = self.cfg, t["rewards"].shape
+        with torch.no_grad():
+            logp, _, values = self.net.evaluate(t["obs"], t["actions"])
+            values, next_values = values.view(shape), bootstrap_values(self.net, t)
+        lag = self.updates - t["version"].double() if "version" in t else torch.zeros(shape)
+        if (lag > 0).any():
+            vs, _ = vtrace(t["logp"], logp.view(shape), t["rewards"], values, next_values,
+                           t["terminated"], t["truncated"], c.gamma, c.rho_bar, c.c_bar, c.gae_lambda)
+            return vs - values, vs, values, lag.mean().item()
+        adv, returns = gae(t["rewards"], values, next_values, t["terminated"], t["truncated"],
+                           c.gamma, c.gae_lambda)
+        return adv, returns, values, 0.0
+
+    def update(self, batch: Batch) -> dict[str, Any]:
+        c = self.cfg
+        t = time_major(batch, self.device)
+        adv, returns, old_values, lag = self.targets(t)
+        if c.normalize_advantages:
+            adv = normalize(adv)
+        adv, returns, old_values = adv.reshape(-1), returns.reshape(-1), old_values.reshape(-1)
+        old_logp = t["logp"].reshape(-1)
+        sums: torch.Tensor | None = None
+        n = 0
+        for _ in range(c.epochs):
+            for idx in torch.randperm(adv.numel(), device=adv.device).chunk(c.minibatches):
+                logp, entropy, values = self.net.evaluate(t["obs"][idx], t["actions"][idx])
+                loss, terms = ppo_loss(logp, old_logp[idx], adv[idx], values, old_values[idx],
+                                       returns[idx], entropy, c)
+                grad_norm = self.step(loss)
+                row = torch.stack([loss.detach(), *terms.values(), torch.tensor(grad_norm, dtype=loss.dtype)])
+                sums = row if sums is None else sums + row
+                n += 1
+        self.updates += 1
+        means = (sums / n).tolist()
+        out = dict(zip(["loss", *terms, "grad_norm"], means))
+        out.update(optimizer_steps=self.optimizer_steps, policy_lag=lag)
+        return out
+
+
+class PPO(ActorCriticAlgorithm):
+    name = "ppo"
+    learner_cls = PPOLearner
+
+
+ALGORITHM = PPO
