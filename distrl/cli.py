@@ -57,6 +57,9 @@ def cmd_train(args) -> int:
           f"best eval {best if best is None else round(best, 1)}; {summary['env_steps']} env steps, "
           f"{summary['updates']} updates in {summary['wall_s']:.1f} s")
     print(f"results: {summary['run_dir']}  (metrics.csv, summary.json, checkpoints/, tb/)")
+    if summary.get("failure"):
+        print(f"distrl: {summary['failure']}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -86,6 +86,12 @@ class AsyncConfig:
 
 
 @dataclass
+class FaultConfig:
+    max_worker_restarts: int = f(10, "rollout-worker process restarts before the run stops", lo=0)
+    max_env_errors: int = f(1000, "env exceptions (each ends its episode and is counted) before the run stops", lo=0)
+
+
+@dataclass
 class LogConfig:
     interval_s: float = f(1.0, "seconds between metrics.csv rows and progress updates", lo=0.01)
     progress: bool = f(True, "print a console progress line while training")
@@ -165,6 +171,7 @@ class Config:
     stop: StopConfig = field(default_factory=StopConfig, metadata={"doc": "stop conditions"})
     async_: AsyncConfig = field(default_factory=AsyncConfig, metadata={"doc": "async mode", "key": "async"})
     log: LogConfig = field(default_factory=LogConfig, metadata={"doc": "logging"})
+    fault: FaultConfig = field(default_factory=FaultConfig, metadata={"doc": "fault tolerance"})
     apex_dqn: ApexDQNConfig = field(default_factory=ApexDQNConfig, metadata={"doc": "Ape-X DQN hyper-parameters"})
     sac: SACConfig = field(default_factory=SACConfig, metadata={"doc": "SAC hyper-parameters"})
     a2c: ActorCriticConfig = field(default_factory=ActorCriticConfig, metadata={"doc": "A2C hyper-parameters"})

@@ -66,6 +66,8 @@ class FragmentInfo:
     episode_returns: np.ndarray
     episode_lengths: np.ndarray
     timings: dict[str, float] = field(default_factory=dict)
+    env_errors: int = 0
+    pid: int = 0  # the worker's process id: a change means the worker was restarted
 
 
 @dataclass

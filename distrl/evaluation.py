@@ -22,9 +22,10 @@ def play_greedy(policy: Policy, env_id: str, episodes: int, seed: int, env_kwarg
     try:
         for _ in range(max_steps):
             actions, _ = policy.act(envs.obs, explore=False)
-            # Finished envs keep stepping (auto-reset) but only the first episode counts.
+            # Finished envs keep stepping (auto-reset) but only the first episode counts;
+            # an episode cut short by an env exception doesn't count and is played again.
             _, rewards, term, trunc, _ = envs.step(actions)
-            done_now = running & (term | trunc)
+            done_now = running & (term | trunc) & ~envs.errored
             if done_now.any():
                 returns[done_now] = envs.episode_return_at_end[done_now]
                 running &= ~done_now

@@ -1,6 +1,7 @@
 """A rollout worker's job without the process around it: step envs, act, build fragments."""
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -33,6 +34,7 @@ class Rollout:
         extras: dict[str, np.ndarray] = {}
         returns, lengths = [], []
         t_act = t_env = 0.0
+        errors_before = envs.env_errors
         version = self.policy.version
         for t in range(T):
             t0 = time.perf_counter()
@@ -62,5 +64,6 @@ class Rollout:
             worker=self.worker_index, version=version, env_steps=T * E,
             episode_returns=np.asarray(returns, np.float64), episode_lengths=np.asarray(lengths, np.int64),
             timings={"env_s": t_env, "inference_s": t_act + time.perf_counter() - t0},
+            env_errors=envs.env_errors - errors_before, pid=os.getpid(),
         )
         return Fragment(data, priorities, info)

@@ -32,6 +32,7 @@ class VectorEnv:
         self.episode_length = np.zeros(num_envs, np.int64)
         self.episode_return_at_end = np.zeros(num_envs, np.float64)
         self.env_errors = 0
+        self.errored = np.zeros(num_envs, bool)  # which envs raised during the last step
 
     def step(self, actions: np.ndarray):
         """Step every env once.
@@ -47,8 +48,15 @@ class VectorEnv:
         terminated = np.empty(n, bool)
         truncated = np.empty(n, bool)
         finished = []
+        self.errored = np.zeros(n, bool)
         for i, env in enumerate(self.envs):
-            o, r, te, tr, _ = env.step(actions[i])
+            try:
+                o, r, te, tr, _ = env.step(actions[i])
+            except Exception:  # noqa: BLE001 - any env bug: end the episode, keep the run going
+                # Counted and treated as a truncation at the last good observation.
+                self.env_errors += 1
+                self.errored[i] = True
+                o, r, te, tr = self.obs[i].copy(), 0.0, False, True
             next_obs[i] = o
             rewards[i] = r
             terminated[i] = te
@@ -58,7 +66,7 @@ class VectorEnv:
                 self.episode_return_at_end[i] = self.episode_return[i] + r
                 self.episode_return[i] = 0.0
                 self.episode_length[i] = 0
-                o, _ = env.reset()
+                o, _ = env.reset()  # a reset that raises is not recoverable here: the worker restarts
             else:
                 self.episode_return[i] += r
                 self.episode_length[i] += 1

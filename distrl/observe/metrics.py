@@ -10,7 +10,7 @@ METRIC_COLUMNS = [
     "wall_s", "env_steps", "updates", "episodes", "env_steps_per_s", "updates_per_s",
     "train_return_mean", "eval_return_mean", "eval_return_std", "best_eval_return",
     "policy_lag_mean", "policy_lag_max", "loss", "workers_ready_mean", "workers_late_mean",
-    "fragments_dropped", "gradients_dropped", "weight_version",
+    "fragments_dropped", "worker_restarts", "env_errors", "gradients_dropped", "weight_version",
 ]
 
 

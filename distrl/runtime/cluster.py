@@ -10,6 +10,7 @@ import os
 import time
 
 import ray
+from ray.exceptions import RayActorError, RayTaskError
 
 from distrl.config import Config, to_dict
 from distrl.core import FragmentInfo
@@ -32,6 +33,17 @@ def init_ray(address: str | None, workers: int) -> None:
                  configure_logging=False)
 
 
+def _collect(refs: list) -> tuple[list, list]:
+    """ray.get each ref; a failed worker call is reported, not raised."""
+    ok, failed = [], []
+    for ref in refs:
+        try:
+            ok.append((ref, ray.get(ref)))
+        except (RayActorError, RayTaskError) as e:
+            failed.append((ref, e))
+    return ok, failed
+
+
 class SyncGather:
     """All workers sample at once; the driver waits for every fragment and the learner."""
 
@@ -39,11 +51,22 @@ class SyncGather:
 
     def __init__(self, workers):
         self.workers = workers
+        self.held: set[int] = set()  # restarting workers: skipped until healthy
+
+    def release(self, i: int) -> None:
+        self.held.discard(i)
 
     def gather(self, allow_sampling: bool):
-        pairs = [w.sample.remote(True) for w in self.workers]
-        infos = ray.get([p[0] for p in pairs])
-        return list(zip(infos, [p[1] for p in pairs])), {"ready": len(pairs), "late": 0}
+        calls = {}
+        for i, w in enumerate(self.workers):
+            if i not in self.held:
+                info_ref, data_ref = w.sample.remote(True)
+                calls[info_ref] = (i, data_ref)
+        ok, failed = _collect(list(calls))
+        out = [(info, calls[ref][1]) for ref, info in ok]
+        failed_workers = [(calls[ref][0], e) for ref, e in failed]
+        self.held.update(i for i, _ in failed_workers)
+        return out, failed_workers, {"ready": len(ok), "late": 0}
 
 
 class AsyncGather:
@@ -57,6 +80,9 @@ class AsyncGather:
         self.inflight: dict = {}  # info ref -> (worker index, data ref)
         self.idle = list(range(len(workers)))
 
+    def release(self, i: int) -> None:
+        self.idle.append(i)
+
     def gather(self, allow_sampling: bool):
         if allow_sampling:  # workers back off while the learner catches up (update-to-data ratio)
             for i in self.idle:
@@ -65,14 +91,17 @@ class AsyncGather:
             self.idle = []
         if not self.inflight:
             time.sleep(self.window_s)
-            return [], {"ready": 0, "late": 0}
+            return [], [], {"ready": 0, "late": 0}
         ready, late = ray.wait(list(self.inflight), num_returns=len(self.inflight), timeout=self.window_s)
+        ok, failed = _collect(ready)
         out = []
-        for ref, info in zip(ready, ray.get(ready)):
+        for ref, info in ok:
             i, data_ref = self.inflight.pop(ref)
             self.idle.append(i)
             out.append((info, data_ref))
-        return out, {"ready": len(ready), "late": len(late)}
+        # Failed workers are neither idle nor in flight until RayRoles releases them.
+        failed_workers = [(self.inflight.pop(ref)[0], e) for ref, e in failed]
+        return out, failed_workers, {"ready": len(ok), "late": len(late)}
 
 
 class RayRoles:
@@ -87,8 +116,11 @@ class RayRoles:
         self.replay = ReplayServer.remote(d)
         gpus = 1 if device.startswith("cuda") else 0
         self.learner = Learner.options(num_cpus=1, num_gpus=gpus).remote(d, self.ps, self.replay, device)
-        self.evaluator = Evaluator.remote(d, self.ps, run_dir, start_time)
-        self.workers = [RolloutWorker.options(num_cpus=1).remote(d, i, cfg.workers, self.ps)
+        self.evaluator = Evaluator.options(max_restarts=-1, max_task_retries=0).remote(d, self.ps, run_dir, start_time)
+        # A dead worker process is restarted by Ray (same constructor args): it re-syncs its weights
+        # on its first sample. Its in-flight fragment is lost and counted by the driver.
+        self.workers = [RolloutWorker.options(num_cpus=1, max_restarts=cfg.fault.max_worker_restarts + 1,
+                                              max_task_retries=0).remote(d, i, cfg.workers, self.ps)
                         for i in range(cfg.workers)]
         ray.get(self.learner.publish.remote())  # version 0 exists before any worker acts
         if cfg.mode == "sync":
@@ -98,11 +130,23 @@ class RayRoles:
         self.train_refs: list = []
         self.train_sizes: dict = {}
         self.eval_ref = None
+        self.evaluator_restarts = 0
+        self.restarting: dict[int, ray.ObjectRef] = {}  # worker index -> health-check ref
+        self.pids: dict[int, int] = {}
+        self.restarts = 0  # worker process restarts seen (a pid change), whether or not a call failed
         self.timings = {"env_s": 0.0, "inference_s": 0.0, "pull_s": 0.0, "learner_s": 0.0,
                         "learner_wait_s": 0.0}
 
     def gather(self, allow_sampling: bool) -> tuple[list[FragmentInfo], dict]:
-        pairs, counts = self.gatherer.gather(allow_sampling)
+        self._release_restarted()
+        pairs, failed, counts = self.gatherer.gather(allow_sampling)
+        for i, err in failed:
+            if not isinstance(err, RayActorError):
+                # An exception in the worker leaves the process alive but suspect: restart it fresh.
+                ray.kill(self.workers[i], no_restart=False)
+            self.restarting[i] = self.workers[i].pid.remote()
+        counts["failed"] = len(failed)
+        counts["restarts"] = sum(self._saw_pid(info.worker, info.pid) for info, _ in pairs)
         adds = [self.replay.add.remote(data_ref) for _, data_ref in pairs]
         if self.gatherer.waits_for_learner and adds:
             ray.get(adds)  # the learner must see this data before it trains
@@ -145,6 +189,27 @@ class RayRoles:
     def updates_in_flight(self) -> int:
         return sum(self.train_sizes.values())
 
+    def _saw_pid(self, i: int, pid: int) -> bool:
+        """Record worker i's process id; True when it changed (the process was restarted)."""
+        changed = self.pids.get(i, pid) != pid
+        self.pids[i] = pid
+        self.restarts += changed
+        return changed
+
+    def _release_restarted(self) -> None:
+        """Hand workers back to the gatherer once their restarted process answers."""
+        if not self.restarting:
+            return
+        ready, _ = ray.wait(list(self.restarting.values()), num_returns=len(self.restarting), timeout=0)
+        for i, ref in list(self.restarting.items()):
+            if ref in ready:
+                try:
+                    self._saw_pid(i, ray.get(ref))
+                    del self.restarting[i]
+                    self.gatherer.release(i)
+                except (RayActorError, RayTaskError):
+                    self.restarting[i] = self.workers[i].pid.remote()  # still coming back: ask again
+
     def submit_eval(self, env_steps: int) -> bool:
         if self.eval_ref is not None:
             return False
@@ -157,7 +222,12 @@ class RayRoles:
         ready, _ = ray.wait([self.eval_ref], timeout=timeout if block else 0)
         if not ready:
             return []
-        result, self.eval_ref = ray.get(self.eval_ref), None
+        try:
+            result = ray.get(self.eval_ref)
+        except (RayActorError, RayTaskError):
+            self.evaluator_restarts += 1  # Ray restarts the actor; the next submit goes to the new one
+            result = None
+        self.eval_ref = None
         return [result] if result is not None else []
 
     def eval_busy(self) -> bool:

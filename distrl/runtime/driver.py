@@ -24,6 +24,9 @@ class Counters:
     updates: int = 0
     consumed: int = 0  # batches the learner took (updates + dropped stale gradients)
     dropped: int = 0
+    worker_restarts: int = 0
+    fragments_dropped: int = 0
+    env_errors: int = 0
     episodes: int = 0
     fragments: int = 0
     version: int = 0
@@ -50,6 +53,7 @@ class Driver:
         self.c = Counters()
         self.logger = MetricsLogger(run_dir, cfg.log.tensorboard, cfg.log.progress)
         self.stop_requested: str | None = None
+        self.failure: str | None = None
         self.on_policy = data_path(cfg.algo) == "trajectory"
         self.fpu = fragments_per_update(cfg)
         self.last_eval_submit = 0.0
@@ -90,7 +94,10 @@ class Driver:
         return self._finish(reason)
 
     def _count_fragments(self, infos, counts) -> None:
+        self.c.fragments_dropped += counts["failed"]
+        self.c.worker_restarts = getattr(self.roles, "restarts", 0)
         for info in infos:
+            self.c.env_errors += info.env_errors
             self.c.env_steps += info.env_steps
             self.c.fragments += 1
             self.c.episodes += len(info.episode_returns)
@@ -126,6 +133,14 @@ class Driver:
             return "solved"
         if self.stop_requested:
             return self.stop_requested
+        if self.c.worker_restarts > self.cfg.fault.max_worker_restarts:
+            self.failure = (f"stopped: {self.c.worker_restarts} rollout-worker restarts exceed "
+                            f"fault.max_worker_restarts={self.cfg.fault.max_worker_restarts}")
+            return "worker_failures"
+        if self.c.env_errors > self.cfg.fault.max_env_errors:
+            self.failure = (f"stopped: {self.c.env_errors} env exceptions exceed "
+                            f"fault.max_env_errors={self.cfg.fault.max_env_errors}")
+            return "env_errors"
         if time.time() - self.start >= self.cfg.stop.max_seconds:
             return "max_seconds"
         if self.cfg.stop.max_env_steps and self.c.env_steps >= self.cfg.stop.max_env_steps:
@@ -148,7 +163,8 @@ class Driver:
             "policy_lag_mean": _mean(lags), "policy_lag_max": max(lags) if lags else None,
             "loss": self.c.loss_sum / self.c.loss_n if self.c.loss_n else None,
             "workers_ready_mean": _mean(self.c.ready), "workers_late_mean": _mean(self.c.late),
-            "fragments_dropped": 0, "gradients_dropped": self.c.dropped, "weight_version": self.c.version,
+            "fragments_dropped": self.c.fragments_dropped, "worker_restarts": self.c.worker_restarts,
+            "env_errors": self.c.env_errors, "gradients_dropped": self.c.dropped, "weight_version": self.c.version,
         }
         self.logger.row(row)
         self.c.lags, self.c.ready, self.c.late = [], [], []
@@ -176,7 +192,10 @@ class Driver:
             "solved": self.c.solved_at is not None,
             "time_to_solve_s": round(self.c.solved_at, 3) if self.c.solved_at is not None else None,
             "stop_reason": reason, "evaluations": len(self.c.evaluations),
-            "gradients_dropped": self.c.dropped,
+            "gradients_dropped": self.c.dropped, "worker_restarts": self.c.worker_restarts,
+            "fragments_dropped": self.c.fragments_dropped, "env_errors": self.c.env_errors,
+            "evaluator_restarts": getattr(self.roles, "evaluator_restarts", 0),
+            "failure": self.failure,
             "policy_lag": {"mean": float(lags.mean()), "p50": float(np.percentile(lags, 50)),
                            "p90": float(np.percentile(lags, 90)), "max": float(lags.max())},
             "time_breakdown_s": {k: round(v, 3) for k, v in self.roles.time_breakdown().items()},

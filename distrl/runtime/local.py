@@ -120,7 +120,7 @@ class LocalRoles:
         self.store.add(frag.data, frag.priorities)
         for k, v in frag.info.timings.items():
             self.timings[k] += v
-        return [frag.info], {"ready": 1, "late": 0}
+        return [frag.info], {"ready": 1, "late": 0, "failed": 0}
 
     def train(self, budget: int, final: bool = False) -> list[TrainStats]:
         if budget <= 0:

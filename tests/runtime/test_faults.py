@@ -1,0 +1,67 @@
+"""Fault tolerance through real processes: SIGKILLed workers, envs that raise."""
+import os
+import signal
+import subprocess
+import threading
+import time
+
+from distrl import train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CARTPOLE = os.path.join(ROOT, "configs", "apex_dqn_cartpole.yaml")
+
+
+def worker_pids() -> list[int]:
+    out = subprocess.run(["pgrep", "-f", "ray::RolloutWorker"], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def kill_workers(times: int, run_dir: str, log: list) -> None:
+    """SIGKILL one RolloutWorker `times` times, each once training is under way again."""
+    metrics = os.path.join(run_dir, "metrics.csv")
+    deadline = time.time() + 120
+    for _ in range(times):
+        while time.time() < deadline:
+            pids = worker_pids()
+            rows = open(metrics).read().count("\n") if os.path.exists(metrics) else 0
+            if len(pids) >= 2 and rows >= 3 + 4 * len(log):
+                break
+            time.sleep(0.2)
+        else:
+            return
+        victim = max(pids)
+        os.kill(victim, signal.SIGKILL)
+        log.append(victim)
+        time.sleep(3.0)
+
+
+def test_learning_survives_a_worker_killed_twice(ray_session, tmp_path):
+    run_dir = str(tmp_path / "run")
+    killed: list = []
+    killer = threading.Thread(target=kill_workers, args=(2, run_dir, killed), daemon=True)
+    killer.start()
+    summary = train(CARTPOLE, run_dir=run_dir, overrides=[
+        "mode=async", "workers=2", "seed=0", "stop.max_env_steps=400000", "stop.max_seconds=300",
+        "log.progress=false", "log.tensorboard=false", "log.interval_s=0.5"])
+    killer.join(timeout=5)
+    assert len(killed) == 2
+    assert summary["worker_restarts"] >= 2, summary
+    assert summary["fragments_dropped"] >= 1  # a worker killed between calls loses no fragment
+    assert summary["solved"], summary
+
+
+def test_env_exceptions_are_counted_and_cartpole_still_solved(tmp_path):
+    summary = train(CARTPOLE, run_dir=str(tmp_path / "run"), overrides=[
+        "mode=single", "seed=0", "env.id=distrl.envs.testing:FlakyCartPole-v1", "env.kwargs={error_prob: 0.001}",
+        "stop.max_env_steps=300000", "stop.max_seconds=240", "log.progress=false", "log.tensorboard=false"])
+    assert summary["env_errors"] > 10, summary
+    assert summary["solved"], summary
+
+
+def test_too_many_env_errors_stop_the_run_with_a_clear_reason(tmp_path):
+    summary = train(CARTPOLE, run_dir=str(tmp_path / "run"), overrides=[
+        "mode=single", "env.id=distrl.envs.testing:FlakyCartPole-v1", "env.kwargs={error_prob: 0.05}",
+        "fault.max_env_errors=20", "stop.max_env_steps=50000", "log.progress=false", "log.tensorboard=false"])
+    assert summary["stop_reason"] == "env_errors"
+    assert "fault.max_env_errors=20" in summary["failure"]
+    assert os.path.isfile(os.path.join(str(tmp_path / "run"), "summary.json"))
