@@ -66,3 +66,23 @@ def train(config: Config | dict | str | None = None, *, overrides: list[str] | N
     from distrl.runtime.driver import run_training
 
     return run_training(cfg, run_dir, start, address)
+
+
+def resume(run_dir: str, *, overrides: list[str] | None = None, address: str | None = None) -> dict[str, Any]:
+    """Continue `run_dir` from its newest complete checkpoint; returns the final summary.
+
+    `overrides` may change e.g. stop.* (the budget counts the time already spent).
+    Raises ConfigError / CheckpointError on a missing run dir or a bad checkpoint.
+    """
+    from distrl.runtime import persist
+    from distrl.runtime.driver import resume_training
+
+    cfg_path = os.path.join(run_dir, "config.yaml")
+    if not os.path.isdir(run_dir):
+        raise ConfigError(f"run dir not found: {run_dir}")
+    if not os.path.isfile(cfg_path):
+        raise ConfigError(f"{run_dir} is not a distrl run dir (no config.yaml)")
+    cfg = load_config(cfg_path, overrides)
+    validate(cfg)
+    path, state = persist.load_latest(run_dir)
+    return resume_training(cfg, run_dir, path, state, address)

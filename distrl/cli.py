@@ -33,6 +33,15 @@ def _train_parser(sub) -> None:
     p.add_argument("--seed", type=int)
 
 
+def _resume_parser(sub) -> None:
+    p = sub.add_parser("resume", help="continue a run from its newest complete checkpoint")
+    p.add_argument("run_dir")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key for the rest of the run, e.g. --set stop.max_seconds=600")
+    p.add_argument("--max-seconds", type=float, help="total wall-time budget, time already spent included")
+    p.add_argument("--address", help="join this Ray cluster; default: embedded local Ray")
+
+
 def _eval_parser(sub) -> None:
     p = sub.add_parser("eval", help="greedy evaluation of a run's best checkpoint")
     p.add_argument("run_dir")
@@ -50,6 +59,19 @@ def cmd_train(args) -> int:
             overrides.append(f"{key}={flag}")
     summary = train(args.config, overrides=overrides, run_dir=args.run_dir, address=args.address,
                     start_time=START)
+    return report(summary)
+
+
+def cmd_resume(args) -> int:
+    from distrl.api import resume
+
+    overrides = list(args.overrides)
+    if args.max_seconds is not None:
+        overrides.append(f"stop.max_seconds={args.max_seconds}")
+    return report(resume(args.run_dir, overrides=overrides, address=args.address))
+
+
+def report(summary: dict) -> int:
     solved = (f"solved in {summary['time_to_solve_s']:.1f} s" if summary["solved"]
               else f"not solved ({summary['stop_reason']})")
     best = summary["best_eval_return"]
@@ -94,13 +116,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = _Parser(prog="distrl", description="distributed deep RL on Ray + PyTorch")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _train_parser(sub)
+    _resume_parser(sub)
     _eval_parser(sub)
     from distrl.checkpoint import CheckpointError
     from distrl.config import ConfigError
 
     try:
         args = parser.parse_args(argv)
-        return {"train": cmd_train, "eval": cmd_eval}[args.command](args)
+        return {"train": cmd_train, "resume": cmd_resume, "eval": cmd_eval}[args.command](args)
     except (UsageError, ConfigError, CheckpointError) as e:
         print(f"distrl: error: {e}", file=sys.stderr)
         return 2

@@ -72,6 +72,7 @@ class EvalConfig:
     target_return: float | None = f(None, "mean greedy return that ends the run as solved (null = never)")
     episodes: int = f(20, "greedy episodes per evaluation", lo=1)
     interval_s: float = f(1.0, "seconds between evaluations", lo=0.0)
+    interval_steps: int | None = f(None, "evaluate every this many env steps instead, waiting for the result (deterministic runs)", lo=1)
 
 
 @dataclass
@@ -92,8 +93,16 @@ class FaultConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    interval_s: float = f(60.0, "seconds between whole-run checkpoints (one is also taken at every stop and on SIGTERM/SIGINT)", lo=0.0, lo_open=True)
+    keep: int = f(3, "newest complete checkpoints kept", lo=1)
+    max_replay_bytes: int = f(2_000_000_000, "replay larger than this is left out of checkpoints; a resumed run then refills it from the workers", lo=0)
+
+
+@dataclass
 class LogConfig:
     interval_s: float = f(1.0, "seconds between metrics.csv rows and progress updates", lo=0.01)
+    interval_steps: int | None = f(None, "write a row every this many env steps instead (deterministic runs)", lo=1)
     progress: bool = f(True, "print a console progress line while training")
     tensorboard: bool = f(True, "write TensorBoard event files into the run dir")
 
@@ -172,6 +181,7 @@ class Config:
     async_: AsyncConfig = field(default_factory=AsyncConfig, metadata={"doc": "async mode", "key": "async"})
     log: LogConfig = field(default_factory=LogConfig, metadata={"doc": "logging"})
     fault: FaultConfig = field(default_factory=FaultConfig, metadata={"doc": "fault tolerance"})
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig, metadata={"doc": "whole-run checkpoints"})
     apex_dqn: ApexDQNConfig = field(default_factory=ApexDQNConfig, metadata={"doc": "Ape-X DQN hyper-parameters"})
     sac: SACConfig = field(default_factory=SACConfig, metadata={"doc": "SAC hyper-parameters"})
     a2c: ActorCriticConfig = field(default_factory=ActorCriticConfig, metadata={"doc": "A2C hyper-parameters"})

@@ -39,11 +39,12 @@ def play_greedy(policy: Policy, env_id: str, episodes: int, seed: int, env_kwarg
 class Evaluation:
     """Scores published weights; keeps the best as `checkpoints/best.safetensors`."""
 
-    def __init__(self, policy: Policy, cfg, run_dir: str, start_time: float):
+    def __init__(self, policy: Policy, cfg, run_dir: str, start_time: float,
+                 evaluations: int = 0, best: float = -np.inf):
         self.policy, self.cfg, self.run_dir = policy, cfg, run_dir
         self.start_time = start_time
-        self.best = -np.inf
-        self.evaluations = 0
+        self.best = best  # a resumed run keeps its best checkpoint unless it beats it
+        self.evaluations = evaluations  # evaluation i plays seeds derived from i
 
     def evaluate(self, weights: Weights, version: int, env_steps: int = 0) -> dict:
         self.policy.set_weights(weights, version)

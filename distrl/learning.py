@@ -39,6 +39,12 @@ def make_store(cfg) -> ReplayBuffer | FragmentQueue:
     return ReplayBuffer(r.capacity, r.prioritized, r.alpha, r.beta0, r.beta_steps, seed=cfg.seed)
 
 
+def store_nbytes(store) -> int:
+    if isinstance(store, FragmentQueue):
+        return sum(v.nbytes for item in store.state_dict()["items"] for v in item.values())
+    return store.nbytes
+
+
 def fragments_per_update(cfg) -> int:
     """On-policy batch size in fragments: one per worker unless the config says otherwise."""
     if cfg.learner.fragments_per_update:

@@ -34,6 +34,12 @@ class VectorEnv:
         self.env_errors = 0
         self.errored = np.zeros(num_envs, bool)  # which envs raised during the last step
 
+    def reset_all(self) -> None:
+        """Start a fresh episode in every env (without reseeding: RNG state carries on)."""
+        self.obs = np.stack([env.reset()[0] for env in self.envs]).astype(self.obs.dtype, copy=False)
+        self.episode_return[:] = 0.0
+        self.episode_length[:] = 0
+
     def step(self, actions: np.ndarray):
         """Step every env once.
 

@@ -21,11 +21,13 @@ def _fmt(v) -> str:
 
 
 class MetricsLogger:
-    def __init__(self, run_dir: str, tensorboard: bool, progress: bool):
+    def __init__(self, run_dir: str, tensorboard: bool, progress: bool, append: bool = False):
         self.path = os.path.join(run_dir, "metrics.csv")
-        self._fh = open(self.path, "w", newline="")
+        append = append and os.path.exists(self.path)  # a resumed run continues the same file
+        self._fh = open(self.path, "a" if append else "w", newline="")
         self._csv = csv.DictWriter(self._fh, fieldnames=METRIC_COLUMNS, extrasaction="ignore")
-        self._csv.writeheader()
+        if not append:
+            self._csv.writeheader()
         self._fh.flush()
         self.progress = progress and sys.stderr.isatty()
         self.progress_lines = progress and not self.progress  # plain lines when not a terminal

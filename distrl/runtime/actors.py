@@ -11,7 +11,7 @@ import time
 import ray
 
 from distrl.config import from_dict
-from distrl.learning import TrainStats
+from distrl.learning import TrainStats, store_nbytes
 
 
 def _setup_torch() -> None:
@@ -88,6 +88,13 @@ class ReplayServer:
     def size(self) -> int:
         return len(self.store)
 
+    def get_state(self, max_bytes: int):
+        """The store's contents, or None when larger than `max_bytes`."""
+        return self.store.state_dict() if store_nbytes(self.store) <= max_bytes else None
+
+    def set_state(self, state) -> None:
+        self.store.load_state_dict(state)
+
 
 @ray.remote
 class RolloutWorker:
@@ -137,6 +144,12 @@ class RolloutWorker:
     def pid(self) -> int:
         return os.getpid()
 
+    def get_state(self) -> dict:
+        return self.rollout.get_state()
+
+    def set_state(self, state: dict) -> None:
+        self.rollout.set_state(state)
+
 
 @ray.remote
 class Learner:
@@ -149,6 +162,7 @@ class Learner:
         self.learner = algo.make_learner(device)
         self.ps, self.replay = ps, replay
         self.prefetch = None
+        self.prio_ref = self.push_ref = None
         self.version = -1
         from distrl.algos import data_path
 
@@ -158,8 +172,26 @@ class Learner:
 
     def publish(self) -> int:
         self.version = self.learner.updates
-        self.ps.push.remote(self.version, [ray.put(self.learner.get_weights())])
+        self.push_ref = self.ps.push.remote(self.version, [ray.put(self.learner.get_weights())])
         return self.version
+
+    def publish_now(self) -> int:
+        version = self.publish()
+        ray.get(self.push_ref)
+        return version
+
+    def get_state(self) -> dict:
+        import torch
+
+        return {"state": self.learner.state_dict(), "torch_rng": torch.get_rng_state(), "version": self.version}
+
+    def set_state(self, state: dict) -> int:
+        import torch
+
+        self.learner.load_state_dict(state["state"])
+        torch.set_rng_state(state["torch_rng"])
+        self.prefetch = None
+        return self.publish_now()
 
     def _fetch(self, max_updates: int):
         return self.replay.next_block.remote(max_updates)
@@ -184,11 +216,16 @@ class Learner:
             prios = learn_block(self.learner, block, stats)
             if prios is not None:
                 batches, idx, _ = block
-                self.replay.update_priorities.remote(idx.ravel(), prios.ravel(), batches["_generation"].ravel())
+                self.prio_ref = self.replay.update_priorities.remote(
+                    idx.ravel(), prios.ravel(), batches["_generation"].ravel())
             if self.learner.updates - self.version >= self.publish_interval:
                 self.publish()
         if self.learner.updates != self.version:
             self.publish()
+        # The newest weights and priorities land before this call returns, so a sync round's
+        # broadcast pull and the driver's next add see them (and sync runs are deterministic).
+        ray.get([r for r in (self.prio_ref, self.push_ref) if r is not None])
+        self.prio_ref = self.push_ref = None
         stats.version = self.version
         stats.learner_s = time.perf_counter() - t_start - stats.wait_s
         return stats
@@ -198,12 +235,12 @@ class Learner:
 class Evaluator:
     """Plays greedy episodes with the newest published weights; keeps the best checkpoint."""
 
-    def __init__(self, cfg_dict: dict, ps, run_dir: str, start_time: float):
+    def __init__(self, cfg_dict: dict, ps, run_dir: str, start_time: float, resume: dict | None = None):
         _setup_torch()
         from distrl.evaluation import Evaluation
 
         cfg, algo = _algorithm(cfg_dict)
-        self.evaluation = Evaluation(algo.make_policy(-1, 1), cfg, run_dir, start_time)
+        self.evaluation = Evaluation(algo.make_policy(-1, 1), cfg, run_dir, start_time, **(resume or {}))
         self.ps = ps
         self.version = -1
         self.weights = None

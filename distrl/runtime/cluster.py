@@ -107,7 +107,8 @@ class AsyncGather:
 class RayRoles:
     """ParameterServer, ReplayServer, Learner, Evaluator and N RolloutWorkers as actors."""
 
-    def __init__(self, cfg: Config, run_dir: str, start_time: float, address: str | None = None):
+    def __init__(self, cfg: Config, run_dir: str, start_time: float, address: str | None = None,
+                 eval_resume: dict | None = None):
         init_ray(address, cfg.workers)
         self.cfg = cfg
         d = to_dict(cfg)
@@ -116,13 +117,13 @@ class RayRoles:
         self.replay = ReplayServer.remote(d)
         gpus = 1 if device.startswith("cuda") else 0
         self.learner = Learner.options(num_cpus=1, num_gpus=gpus).remote(d, self.ps, self.replay, device)
-        self.evaluator = Evaluator.options(max_restarts=-1, max_task_retries=0).remote(d, self.ps, run_dir, start_time)
+        self.evaluator = Evaluator.options(max_restarts=-1, max_task_retries=0).remote(d, self.ps, run_dir, start_time, eval_resume)
         # A dead worker process is restarted by Ray (same constructor args): it re-syncs its weights
         # on its first sample. Its in-flight fragment is lost and counted by the driver.
         self.workers = [RolloutWorker.options(num_cpus=1, max_restarts=cfg.fault.max_worker_restarts + 1,
                                               max_task_retries=0).remote(d, i, cfg.workers, self.ps)
                         for i in range(cfg.workers)]
-        ray.get(self.learner.publish.remote())  # version 0 exists before any worker acts
+        ray.get(self.learner.publish_now.remote())  # version 0 exists before any worker acts
         if cfg.mode == "sync":
             self.gatherer = SyncGather(self.workers)
         else:
@@ -189,6 +190,20 @@ class RayRoles:
     def updates_in_flight(self) -> int:
         return sum(self.train_sizes.values())
 
+    def get_state(self) -> dict:
+        """Everything a checkpoint needs from the actors (waits for in-flight calls to finish)."""
+        learner = self.learner.get_state.remote()
+        store = self.replay.get_state.remote(self.cfg.checkpoint.max_replay_bytes)
+        workers = [w.get_state.remote() for w in self.workers]
+        return {"learner": ray.get(learner), "store": ray.get(store), "workers": ray.get(workers)}
+
+    def set_state(self, state: dict) -> None:
+        refs = [w.set_state.remote(s) for w, s in zip(self.workers, state["workers"])]
+        if state["store"] is not None:
+            refs.append(self.replay.set_state.remote(state["store"]))
+        ray.get(refs)
+        ray.get(self.learner.set_state.remote(state["learner"]))
+
     def _saw_pid(self, i: int, pid: int) -> bool:
         """Record worker i's process id; True when it changed (the process was restarted)."""
         changed = self.pids.get(i, pid) != pid
@@ -210,7 +225,7 @@ class RayRoles:
                 except (RayActorError, RayTaskError):
                     self.restarting[i] = self.workers[i].pid.remote()  # still coming back: ask again
 
-    def submit_eval(self, env_steps: int) -> bool:
+    def submit_eval(self, env_steps: int, wait: bool = False) -> bool:
         if self.eval_ref is not None:
             return False
         self.eval_ref = self.evaluator.evaluate.remote(env_steps)

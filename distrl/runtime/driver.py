@@ -1,6 +1,7 @@
 """The one driver loop. Modes differ only in the roles object and its gather strategy."""
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
@@ -14,6 +15,7 @@ from distrl.checkpoint import save_json
 from distrl.config import Config, dump_yaml
 from distrl.learning import fragments_per_update
 from distrl.observe import MetricsLogger
+from distrl.runtime import persist
 
 
 @dataclass
@@ -48,15 +50,18 @@ def _mean(xs) -> float | None:
 
 
 class Driver:
-    def __init__(self, cfg: Config, roles, run_dir: str, start_time: float):
+    def __init__(self, cfg: Config, roles, run_dir: str, start_time: float, counters: Counters | None = None):
         self.cfg, self.roles, self.run_dir, self.start = cfg, roles, run_dir, start_time
-        self.c = Counters()
-        self.logger = MetricsLogger(run_dir, cfg.log.tensorboard, cfg.log.progress)
+        self.c = counters or Counters()
+        self.logger = MetricsLogger(run_dir, cfg.log.tensorboard, cfg.log.progress, append=counters is not None)
+        self.checkpoint_s: list[float] = []
+        self.last_checkpoint = time.time()
         self.stop_requested: str | None = None
         self.failure: str | None = None
         self.on_policy = data_path(cfg.algo) == "trajectory"
         self.fpu = fragments_per_update(cfg)
         self.last_eval_submit = 0.0
+        self.last_eval_steps = self.c.env_steps
         self.last_log = self.last_log_steps = self.last_log_updates = None
 
     # --- budget: the update-to-data ratio holds in every mode -------------------
@@ -80,7 +85,7 @@ class Driver:
     # --- the loop ---------------------------------------------------------------
     def run(self) -> dict:
         self.last_log = time.time()
-        self.last_log_steps = self.last_log_updates = 0
+        self.last_log_steps, self.last_log_updates = self.c.env_steps, self.c.updates
         reason = None
         while reason is None:
             infos, counts = self.roles.gather(self.sampling_allowed())
@@ -89,8 +94,11 @@ class Driver:
                 self._count_training(stats)
             self._evaluate()
             reason = self._stop_reason()
-            if time.time() - self.last_log >= self.cfg.log.interval_s or reason:
+            if self._log_due() or reason:
                 self._log_row()
+            if not reason and time.time() - self.last_checkpoint >= self.cfg.checkpoint.interval_s:
+                persist.save(self)
+                self.last_checkpoint = time.time()
         return self._finish(reason)
 
     def _count_fragments(self, infos, counts) -> None:
@@ -116,6 +124,12 @@ class Driver:
         self.c.loss_sum += stats.loss_sum
         self.c.loss_n += stats.updates
 
+    def _log_due(self) -> bool:
+        every = self.cfg.log.interval_steps
+        if every:  # step-based rows land on the same env_steps in every deterministic run
+            return self.c.env_steps // every > self.last_log_steps // every
+        return time.time() - self.last_log >= self.cfg.log.interval_s
+
     def _evaluate(self, block: bool = False) -> None:
         for result in self.roles.poll_eval(block=block, timeout=60.0):
             self.c.eval_last = result
@@ -123,6 +137,14 @@ class Driver:
             self.c.best_eval = max(self.c.best_eval, result["return_mean"])
             if result["solved"] and self.c.solved_at is None:
                 self.c.solved_at = result["time_s"]
+        every = self.cfg.eval.interval_steps
+        if every:
+            # Deterministic: score the weights at fixed env-step marks and wait for the result.
+            if self.c.updates > 0 and self.c.env_steps // every > self.last_eval_steps // every:
+                self.last_eval_steps = self.c.env_steps
+                if self.roles.submit_eval(self.c.env_steps, wait=True) and not block:
+                    self._evaluate(block=True)
+            return
         now = time.time()
         if self.c.updates > 0 and now - self.last_eval_submit >= self.cfg.eval.interval_s:
             if self.roles.submit_eval(self.c.env_steps):
@@ -180,6 +202,7 @@ class Driver:
                 self.roles.submit_eval(self.c.env_steps)
             self._evaluate(block=True)
         self._log_row()
+        persist.save(self)  # every stop leaves a resumable run (SIGTERM/SIGINT included)
         wall = time.time() - self.start
         lags = np.asarray(self.c.all_lags) if self.c.all_lags else np.zeros(1)
         cfg = self.cfg
@@ -199,6 +222,8 @@ class Driver:
             "policy_lag": {"mean": float(lags.mean()), "p50": float(np.percentile(lags, 50)),
                            "p90": float(np.percentile(lags, 90)), "max": float(lags.max())},
             "time_breakdown_s": {k: round(v, 3) for k, v in self.roles.time_breakdown().items()},
+            "checkpoints": len(self.checkpoint_s),
+            "checkpoint_s_max": round(max(self.checkpoint_s), 3) if self.checkpoint_s else None,
             "run_dir": self.run_dir,
         }
         save_json(os.path.join(self.run_dir, "summary.json"), summary)
@@ -206,14 +231,14 @@ class Driver:
         return summary
 
 
-def make_roles(cfg: Config, run_dir: str, start_time: float, address: str | None):
+def make_roles(cfg: Config, run_dir: str, start_time: float, address: str | None, eval_resume=None):
     if cfg.mode == "single":
         from distrl.runtime.local import LocalRoles
 
-        return LocalRoles(cfg, run_dir, start_time)
+        return LocalRoles(cfg, run_dir, start_time, eval_resume)
     from distrl.runtime.cluster import RayRoles
 
-    return RayRoles(cfg, run_dir, start_time, address)
+    return RayRoles(cfg, run_dir, start_time, address, eval_resume)
 
 
 def run_training(cfg: Config, run_dir: str, start_time: float, address: str | None = None) -> dict:
@@ -222,9 +247,33 @@ def run_training(cfg: Config, run_dir: str, start_time: float, address: str | No
     with open(os.path.join(run_dir, "config.yaml"), "w") as fh:
         fh.write(dump_yaml(cfg))
     roles = make_roles(cfg, run_dir, start_time, address)
-    driver = Driver(cfg, roles, run_dir, start_time)
+    return _drive(Driver(cfg, roles, run_dir, start_time), roles)
 
-    def on_signal(signum, frame):  # finish cleanly: summary and files still written
+
+def resume_training(cfg: Config, run_dir: str, ckpt_path: str, state: dict, address: str | None = None) -> dict:
+    """Continue a run from a checkpoint as if it had never stopped (wall time included)."""
+    from distrl.run_checkpoint import restore_global_rng
+
+    counters = persist.counters_from_meta(Counters, state["meta"]["counters"])
+    start = time.time() - state["meta"]["wall_s"]
+    eval_resume = {"evaluations": len(counters.evaluations), "best": counters.best_eval}
+    roles = make_roles(cfg, run_dir, start, address, eval_resume)
+    roles.set_state(state)
+    restore_global_rng(state)
+    with open(os.path.join(run_dir, "resumes.jsonl"), "a") as fh:
+        fh.write(json.dumps({"checkpoint": ckpt_path, "env_steps": counters.env_steps, "updates": counters.updates,
+                             "store_sha256": persist.store_digest(roles_store_state(roles)),
+                             "resumed_at_wall_s": state["meta"]["wall_s"]}) + "\n")
+    return _drive(Driver(cfg, roles, run_dir, start, counters), roles)
+
+
+def roles_store_state(roles):
+    """The live store's contents right after restore (for the resume log's hash)."""
+    return roles.get_state()["store"]
+
+
+def _drive(driver: Driver, roles) -> dict:
+    def on_signal(signum, frame):  # finish cleanly: checkpoint, summary and files still written
         driver.stop_requested = "interrupted"
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)} \

@@ -27,19 +27,28 @@ def build_algorithm(cfg: Config):
     return get_algorithm_class(cfg.algo)(cfg, env_spec(cfg.env.id, cfg.env.kwargs))
 
 
-def evaluator_main(cfg_dict: dict, run_dir: str, start_time: float, inbox, outbox) -> None:
+def evaluator_main(cfg_dict: dict, run_dir: str, start_time: float, inbox, outbox,
+                   resume: dict | None = None) -> None:
     """Evaluator process: score each (weights, version, env_steps) it receives."""
+    import os
+
     import torch
 
     torch.set_num_threads(1)
     from distrl.evaluation import Evaluation
 
+    parent = os.getppid()
     cfg = from_dict(cfg_dict)
     algo = build_algorithm(cfg)
-    evaluation = Evaluation(algo.make_policy(-1, 1), cfg, run_dir, start_time)
+    evaluation = Evaluation(algo.make_policy(-1, 1), cfg, run_dir, start_time, **(resume or {}))
     outbox.put("ready")
     while True:
-        job = inbox.get()
+        try:
+            job = inbox.get(timeout=1.0)
+        except queue.Empty:
+            if os.getppid() != parent:  # the driver died (e.g. SIGKILL): don't linger as an orphan
+                return
+            continue
         if job is None:
             return
         weights, version, env_steps = job
@@ -49,23 +58,23 @@ def evaluator_main(cfg_dict: dict, run_dir: str, start_time: float, inbox, outbo
 class LocalEvaluator:
     """Driver-side handle on the evaluator process: submit weights, poll results."""
 
-    def __init__(self, cfg: Config, run_dir: str, start_time: float):
+    def __init__(self, cfg: Config, run_dir: str, start_time: float, resume: dict | None = None):
         ctx = mp.get_context("spawn")
         self.inbox, self.outbox = ctx.Queue(), ctx.Queue()
         self.proc = ctx.Process(target=evaluator_main, name="Evaluator", daemon=True,
-                                args=(to_dict(cfg), run_dir, start_time, self.inbox, self.outbox))
+                                args=(to_dict(cfg), run_dir, start_time, self.inbox, self.outbox, resume))
         self.proc.start()
         self.ready = False
         self.busy = False
 
-    def idle(self) -> bool:
-        self.poll_ready()
+    def idle(self, wait: bool = False) -> bool:
+        self.poll_ready(wait)
         return self.ready and not self.busy
 
-    def poll_ready(self) -> None:
+    def poll_ready(self, wait: bool = False) -> None:
         if not self.ready and not self.busy:
             try:
-                self.ready = self.outbox.get_nowait() == "ready"
+                self.ready = self.outbox.get(timeout=120) == "ready" if wait else self.outbox.get_nowait() == "ready"
             except queue.Empty:
                 pass
 
@@ -97,12 +106,12 @@ class LocalRoles:
 
     mode = "single"
 
-    def __init__(self, cfg: Config, run_dir: str, start_time: float):
+    def __init__(self, cfg: Config, run_dir: str, start_time: float, eval_resume: dict | None = None):
         import torch
 
         torch.set_num_threads(1)
         self.cfg = cfg
-        self.evaluator = LocalEvaluator(cfg, run_dir, start_time)  # start first: overlaps its start-up
+        self.evaluator = LocalEvaluator(cfg, run_dir, start_time, eval_resume)  # first: overlaps its start-up
         algo = build_algorithm(cfg)
         self.learner = algo.make_learner(resolve_device(cfg.device))
         policy = algo.make_policy(0, 1)
@@ -114,6 +123,24 @@ class LocalRoles:
         self.store = make_store(cfg)
         self.on_policy = data_path(cfg.algo) == "trajectory"
         self.timings = {"env_s": 0.0, "inference_s": 0.0, "learner_s": 0.0}
+
+    def get_state(self) -> dict:
+        import torch
+
+        return {"learner": {"state": self.learner.state_dict(), "torch_rng": torch.get_rng_state(),
+                            "version": self.version},
+                "store": self.store.state_dict(), "workers": [self.rollout.get_state()]}
+
+    def set_state(self, state: dict) -> None:
+        import torch
+
+        self.learner.load_state_dict(state["learner"]["state"])
+        torch.set_rng_state(state["learner"]["torch_rng"])
+        if state["store"] is not None:
+            self.store.load_state_dict(state["store"])
+        self.rollout.set_state(state["workers"][0])
+        self.version = self.learner.updates
+        self.policy.set_weights(self.learner.get_weights(), self.version)
 
     def gather(self, allow_sampling: bool) -> tuple[list[FragmentInfo], dict]:
         frag = self.rollout.sample()
@@ -142,8 +169,8 @@ class LocalRoles:
         self.timings["learner_s"] += stats.learner_s
         return [stats]
 
-    def submit_eval(self, env_steps: int) -> bool:
-        if not self.evaluator.idle():
+    def submit_eval(self, env_steps: int, wait: bool = False) -> bool:
+        if not self.evaluator.idle(wait):
             return False
         self.evaluator.submit(self.learner.get_weights(), self.learner.updates, env_steps)
         return True
