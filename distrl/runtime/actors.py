@@ -88,6 +88,9 @@ class ReplayServer:
     def size(self) -> int:
         return len(self.store)
 
+    def pid(self) -> int:
+        return os.getpid()
+
     def get_state(self, max_bytes: int):
         """The store's contents, or None when larger than `max_bytes`."""
         return self.store.state_dict() if store_nbytes(self.store) <= max_bytes else None
@@ -205,7 +208,8 @@ class Learner:
         while stats.consumed < num_updates:
             t0 = time.perf_counter()
             ref = self.prefetch if self.prefetch is not None else self._fetch(num_updates - stats.consumed)
-            block, self.prefetch = ray.get(ref), None
+            self.prefetch = None  # consumed (or lost with a dead replay server) either way
+            block = ray.get(ref)
             stats.wait_s += time.perf_counter() - t0
             if block is None:
                 break

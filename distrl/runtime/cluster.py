@@ -10,7 +10,9 @@ import os
 import time
 
 import ray
-from ray.exceptions import RayActorError, RayTaskError
+from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
+
+ACTOR_GONE = (RayActorError, ActorUnavailableError)  # dead, or being restarted by Ray
 
 from distrl.config import Config, to_dict
 from distrl.core import FragmentInfo
@@ -39,7 +41,7 @@ def _collect(refs: list) -> tuple[list, list]:
     for ref in refs:
         try:
             ok.append((ref, ray.get(ref)))
-        except (RayActorError, RayTaskError) as e:
+        except (*ACTOR_GONE, RayTaskError) as e:
             failed.append((ref, e))
     return ok, failed
 
@@ -114,7 +116,10 @@ class RayRoles:
         d = to_dict(cfg)
         device = resolve_device(cfg.device)
         self.ps = ParameterServer.options(name=None).remote()
-        self.replay = ReplayServer.remote(d)
+        self.replay = ReplayServer.options(max_restarts=-1, max_task_retries=0).remote(d)
+        self.run_dir = run_dir
+        self.replay_restarts = 0
+        self.replay_pid = ray.get(self.replay.pid.remote())
         gpus = 1 if device.startswith("cuda") else 0
         self.learner = Learner.options(num_cpus=1, num_gpus=gpus).remote(d, self.ps, self.replay, device)
         self.evaluator = Evaluator.options(max_restarts=-1, max_task_retries=0).remote(d, self.ps, run_dir, start_time, eval_resume)
@@ -142,7 +147,7 @@ class RayRoles:
         self._release_restarted()
         pairs, failed, counts = self.gatherer.gather(allow_sampling)
         for i, err in failed:
-            if not isinstance(err, RayActorError):
+            if not isinstance(err, ACTOR_GONE):
                 # An exception in the worker leaves the process alive but suspect: restart it fresh.
                 ray.kill(self.workers[i], no_restart=False)
             self.restarting[i] = self.workers[i].pid.remote()
@@ -169,7 +174,7 @@ class RayRoles:
             for ref in ready:
                 self.train_refs.remove(ref)
                 self.train_sizes.pop(ref)
-            done.extend(ray.get(ready))
+                done.extend(self._train_result(ref))
         max_queued = 1 if self.gatherer.waits_for_learner else 2
         while not final and budget > 0 and len(self.train_refs) < max_queued:
             # Cap each call so the driver regains control often enough to log and stop.
@@ -179,7 +184,7 @@ class RayRoles:
             self.train_sizes[ref] = n
             budget -= n
             if self.gatherer.waits_for_learner:
-                done.append(ray.get(ref))
+                done.extend(self._train_result(ref))
                 self.train_refs.remove(ref)
                 self.train_sizes.pop(ref)
         for s in done:
@@ -187,15 +192,59 @@ class RayRoles:
             self.timings["learner_wait_s"] += s.wait_s
         return done
 
+    def _train_result(self, ref) -> list[TrainStats]:
+        """A learner call's stats; if the replay server died under it, restart and refill it."""
+        try:
+            return [ray.get(ref)]
+        except RayTaskError as e:
+            if not isinstance(e.cause, ACTOR_GONE):
+                raise
+            # The replay server went away under the learner (a queued call may notice after the
+            # restart was already handled). Its remaining updates are lost; the budget re-issues them.
+            self._check_replay()
+            return []
+
+    def _check_replay(self) -> None:
+        """Wait for the replay server; if it is a new process, count it and refill it."""
+        deadline = time.time() + 60
+        while True:
+            try:
+                pid = ray.get(self.replay.pid.remote(), timeout=60)
+                break
+            except (*ACTOR_GONE, RayTaskError):
+                if time.time() > deadline:
+                    raise
+                time.sleep(0.5)
+        if pid != self.replay_pid:
+            self.replay_pid = pid
+            self.replay_restarts += 1
+            self._refill_replay()
+
+    def _refill_replay(self) -> None:
+        """Ray restarts the server empty; load the store from the newest checkpoint, if any."""
+        from distrl.checkpoint import CheckpointError
+        from distrl.runtime import persist
+
+        try:
+            _, state = persist.load_latest(self.run_dir)
+        except CheckpointError:
+            return  # no checkpoint yet: the workers refill it
+        if state["store"] is not None:
+            ray.get(self.replay.set_state.remote(state["store"]))
+
     def updates_in_flight(self) -> int:
         return sum(self.train_sizes.values())
 
     def get_state(self) -> dict:
         """Everything a checkpoint needs from the actors (waits for in-flight calls to finish)."""
         learner = self.learner.get_state.remote()
-        store = self.replay.get_state.remote(self.cfg.checkpoint.max_replay_bytes)
         workers = [w.get_state.remote() for w in self.workers]
-        return {"learner": ray.get(learner), "store": ray.get(store), "workers": ray.get(workers)}
+        try:
+            store = ray.get(self.replay.get_state.remote(self.cfg.checkpoint.max_replay_bytes))
+        except (*ACTOR_GONE, RayTaskError):
+            self._check_replay()
+            store = ray.get(self.replay.get_state.remote(self.cfg.checkpoint.max_replay_bytes))
+        return {"learner": ray.get(learner), "store": store, "workers": ray.get(workers)}
 
     def set_state(self, state: dict) -> None:
         refs = [w.set_state.remote(s) for w, s in zip(self.workers, state["workers"])]
@@ -222,7 +271,7 @@ class RayRoles:
                     self._saw_pid(i, ray.get(ref))
                     del self.restarting[i]
                     self.gatherer.release(i)
-                except (RayActorError, RayTaskError):
+                except (*ACTOR_GONE, RayTaskError):
                     self.restarting[i] = self.workers[i].pid.remote()  # still coming back: ask again
 
     def submit_eval(self, env_steps: int, wait: bool = False) -> bool:
@@ -239,7 +288,7 @@ class RayRoles:
             return []
         try:
             result = ray.get(self.eval_ref)
-        except (RayActorError, RayTaskError):
+        except (*ACTOR_GONE, RayTaskError):
             self.evaluator_restarts += 1  # Ray restarts the actor; the next submit goes to the new one
             result = None
         self.eval_ref = None

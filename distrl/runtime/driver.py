@@ -218,6 +218,7 @@ class Driver:
             "gradients_dropped": self.c.dropped, "worker_restarts": self.c.worker_restarts,
             "fragments_dropped": self.c.fragments_dropped, "env_errors": self.c.env_errors,
             "evaluator_restarts": getattr(self.roles, "evaluator_restarts", 0),
+            "replay_restarts": getattr(self.roles, "replay_restarts", 0),
             "failure": self.failure,
             "policy_lag": {"mean": float(lags.mean()), "p50": float(np.percentile(lags, 50)),
                            "p90": float(np.percentile(lags, 90)), "max": float(lags.max())},

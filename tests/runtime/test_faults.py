@@ -65,3 +65,41 @@ def test_too_many_env_errors_stop_the_run_with_a_clear_reason(tmp_path):
     assert summary["stop_reason"] == "env_errors"
     assert "fault.max_env_errors=20" in summary["failure"]
     assert os.path.isfile(os.path.join(str(tmp_path / "run"), "summary.json"))
+
+
+def pids_of(name: str) -> list[int]:
+    out = subprocess.run(["pgrep", "-f", f"ray::{name}"], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def test_replay_server_and_evaluator_deaths_are_survived(ray_session, tmp_path):
+    run_dir = str(tmp_path / "run")
+    killed = {}
+
+    def killer():
+        metrics = os.path.join(run_dir, "metrics.csv")
+        deadline = time.time() + 90
+        # Wait for a checkpoint so the restarted replay server can be refilled from it.
+        while time.time() < deadline and not any(
+                os.path.exists(os.path.join(run_dir, "checkpoints", d, "DONE"))
+                for d in (os.listdir(os.path.join(run_dir, "checkpoints")) if os.path.isdir(
+                    os.path.join(run_dir, "checkpoints")) else [])):
+            time.sleep(0.2)
+        time.sleep(1.0)
+        for name in ("ReplayServer", "Evaluator"):
+            pids = pids_of(name)
+            if pids and os.path.exists(metrics):
+                os.kill(pids[0], signal.SIGKILL)
+                killed[name] = pids[0]
+            time.sleep(2.0)
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    summary = train(CARTPOLE, run_dir=run_dir, overrides=[
+        "mode=async", "workers=2", "stop.max_env_steps=40000", "eval.target_return=null",
+        "checkpoint.interval_s=2", "eval.interval_s=0.3", "log.progress=false", "log.tensorboard=false"])
+    thread.join(timeout=5)
+    assert set(killed) == {"ReplayServer", "Evaluator"}
+    assert summary["replay_restarts"] >= 1, summary
+    assert summary["evaluator_restarts"] >= 1, summary
+    assert summary["stop_reason"] == "max_env_steps" and summary["updates"] > 0
