@@ -30,6 +30,7 @@ class TrainStats:
     learner_s: float = 0.0
     wait_s: float = 0.0
     version: int = 0
+    starved: bool = False  # the store had nothing to give
 
 
 def make_store(cfg) -> ReplayBuffer | FragmentQueue:
@@ -86,7 +87,7 @@ def learn_block(learner: Learner, block: Block, stats: TrainStats) -> np.ndarray
         stats.loss_sum += float(out.get("loss", 0.0))
         if "priorities" in out:
             if priorities is None:
-                priorities = np.empty(weights.shape, np.float64)
+                priorities = np.empty((k, len(out["priorities"])), np.float64)
             priorities[i] = out["priorities"]
     return priorities
 

@@ -7,6 +7,7 @@ importance-weighted Huber loss and returns fresh priorities.
 """
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import numpy as np
@@ -144,8 +145,9 @@ class DQNLearner(Learner):
         return to_numpy_weights(self.q)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"q": self.q.state_dict(), "target": self.target.state_dict(),
-                "opt": self.opt.state_dict(), "updates": self.updates}
+        # Deep copy: torch hands out live tensors, which a checkpoint must not alias.
+        return copy.deepcopy({"q": self.q.state_dict(), "target": self.target.state_dict(),
+                              "opt": self.opt.state_dict(), "updates": self.updates})
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.q.load_state_dict(state["q"])

@@ -83,7 +83,7 @@ class PPOLearner(ActorCriticLearner):
                 loss, terms = ppo_loss(logp, old_logp[idx], adv[idx], values, old_values[idx],
                                        returns[idx], entropy, c)
                 grad_norm = self.step(loss)
-                row = torch.stack([loss.detach(), *terms.values(), torch.tensor(grad_norm, dtype=loss.dtype)])
+                row = torch.stack([loss.detach(), *terms.values(), loss.new_tensor(grad_norm)])
                 sums = row if sums is None else sums + row
                 n += 1
         self.updates += 1

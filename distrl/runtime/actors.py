@@ -66,11 +66,25 @@ class ParameterServer:
 class ReplayServer:
     """Experience store: prioritized/uniform replay, or the on-policy trajectory FIFO."""
 
-    def __init__(self, cfg_dict: dict):
+    def __init__(self, cfg_dict: dict, run_dir: str):
         from distrl.learning import make_store
 
         self.cfg = from_dict(cfg_dict)
         self.store = make_store(self.cfg)
+        if ray.get_runtime_context().was_current_actor_reconstructed:
+            self._refill(run_dir)
+
+    def _refill(self, run_dir: str) -> None:
+        """After a crash Ray restarts us empty: reload the newest checkpoint's store, if any."""
+        from distrl.checkpoint import CheckpointError
+        from distrl.runtime import persist
+
+        try:
+            _, state = persist.load_latest(run_dir)
+        except CheckpointError:
+            return  # nothing saved yet: the workers refill the store
+        if state["store"] is not None:
+            self.store.load_state_dict(state["store"])
 
     def add(self, payload) -> int:
         data, priorities = payload
@@ -212,6 +226,7 @@ class Learner:
             block = ray.get(ref)
             stats.wait_s += time.perf_counter() - t0
             if block is None:
+                stats.starved = True  # the driver lets workers sample even if updates lag
                 break
             k = next(iter(block[0].values())).shape[0]
             left = num_updates - stats.consumed - k

@@ -116,7 +116,7 @@ class RayRoles:
         d = to_dict(cfg)
         device = resolve_device(cfg.device)
         self.ps = ParameterServer.options(name=None).remote()
-        self.replay = ReplayServer.options(max_restarts=-1, max_task_retries=0).remote(d)
+        self.replay = ReplayServer.options(max_restarts=-1, max_task_retries=0).remote(d, run_dir)
         self.run_dir = run_dir
         self.replay_restarts = 0
         self.replay_pid = ray.get(self.replay.pid.remote())
@@ -215,22 +215,9 @@ class RayRoles:
                 if time.time() > deadline:
                     raise
                 time.sleep(0.5)
-        if pid != self.replay_pid:
+        if pid != self.replay_pid:  # a restarted server refills itself from the newest checkpoint
             self.replay_pid = pid
             self.replay_restarts += 1
-            self._refill_replay()
-
-    def _refill_replay(self) -> None:
-        """Ray restarts the server empty; load the store from the newest checkpoint, if any."""
-        from distrl.checkpoint import CheckpointError
-        from distrl.runtime import persist
-
-        try:
-            _, state = persist.load_latest(self.run_dir)
-        except CheckpointError:
-            return  # no checkpoint yet: the workers refill it
-        if state["store"] is not None:
-            ray.get(self.replay.set_state.remote(state["store"]))
 
     def updates_in_flight(self) -> int:
         return sum(self.train_sizes.values())
@@ -239,11 +226,8 @@ class RayRoles:
         """Everything a checkpoint needs from the actors (waits for in-flight calls to finish)."""
         learner = self.learner.get_state.remote()
         workers = [w.get_state.remote() for w in self.workers]
-        try:
-            store = ray.get(self.replay.get_state.remote(self.cfg.checkpoint.max_replay_bytes))
-        except (*ACTOR_GONE, RayTaskError):
-            self._check_replay()
-            store = ray.get(self.replay.get_state.remote(self.cfg.checkpoint.max_replay_bytes))
+        self._check_replay()  # a restart since the last look is counted (and the server refilled)
+        store = ray.get(self.replay.get_state.remote(self.cfg.checkpoint.max_replay_bytes))
         return {"learner": ray.get(learner), "store": store, "workers": ray.get(workers)}
 
     def set_state(self, state: dict) -> None:

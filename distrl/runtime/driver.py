@@ -61,6 +61,7 @@ class Driver:
         self.on_policy = data_path(cfg.algo) == "trajectory"
         self.fpu = fragments_per_update(cfg)
         self.last_eval_submit = 0.0
+        self.learner_starved = False
         self.last_eval_steps = self.c.env_steps
         self.last_log = self.last_log_steps = self.last_log_updates = None
 
@@ -80,7 +81,7 @@ class Driver:
         """Workers back off when the learner is behind (backpressure)."""
         if self.on_policy:
             return self.c.fragments - self.c.consumed * self.fpu < self.cfg.queue.capacity
-        return self.update_budget() <= 8 * self.cfg.learner.batches_per_call
+        return self.learner_starved or self.update_budget() <= 8 * self.cfg.learner.batches_per_call
 
     # --- the loop ---------------------------------------------------------------
     def run(self) -> dict:
@@ -115,6 +116,7 @@ class Driver:
             self.c.late.append(counts["late"])
 
     def _count_training(self, stats) -> None:
+        self.learner_starved = stats.starved
         self.c.updates += stats.updates
         self.c.consumed += stats.consumed
         self.c.dropped += stats.dropped

@@ -157,6 +157,7 @@ class LocalRoles:
         while stats.consumed < budget:
             block = next_block(self.store, self.cfg, budget - stats.consumed)
             if block is None:
+                stats.starved = True
                 break
             write_priorities(self.store, block, learn_block(self.learner, block, stats))
         # On-policy data must come from the newest policy: publish after every update.

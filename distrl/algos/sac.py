@@ -1,0 +1,284 @@
+"""Soft Actor-Critic (Haarnoja et al., 2018) for continuous (Box) action spaces.
+
+Twin Q critics with Polyak-averaged targets, a tanh-squashed Gaussian actor and
+an automatically tuned entropy temperature (log-alpha parameterisation). The
+policy works in [-1, 1]^d; actions are rescaled to the env's Box bounds only at
+the env boundary, and mapped back before they are stored, so the learner only
+ever sees normalised actions.
+"""
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from distrl.algos.common import adam, as_tensors, load_numpy_weights, mlp, to_numpy_weights
+from distrl.core import Algorithm, Batch, EnvSpec, Learner, Policy, Trajectory, Weights
+from distrl.replay import nstep_transitions
+
+LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
+_LOG2 = math.log(2.0)
+_HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
+
+
+# --- the math, as small pure functions (unit-tested by hand) -------------------
+def squashed_sample(mean: torch.Tensor, log_std: torch.Tensor, noise: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reparameterised a = tanh(mean + std * noise) and log pi(a|s), summed over action dims.
+
+    log pi(a) = log N(u; mean, std) - sum log(1 - tanh(u)^2), with the correction
+    written as 2 * (log 2 - u - softplus(-2u)): exact, and finite for any u.
+    """
+    u = mean + log_std.exp() * noise
+    gauss = -(0.5 * noise.square() + log_std).sum(-1) - _HALF_LOG_2PI * noise.shape[-1]
+    correction = (2.0 * (_LOG2 - u - F.softplus(-2.0 * u))).sum(-1)
+    return torch.tanh(u), gauss - correction
+
+
+def critic_target(rewards: torch.Tensor, discounts: torch.Tensor, next_q_min: torch.Tensor,
+                  next_log_pi: torch.Tensor, alpha: torch.Tensor | float) -> torch.Tensor:
+    """Soft n-step target; `discounts` is gamma^k, or 0 where the episode terminated.
+
+    Only the bootstrap state's entropy bonus is counted (the usual n-step SAC
+    simplification: intermediate steps' log-probs are not stored).
+    """
+    return rewards + discounts * (next_q_min - alpha * next_log_pi)
+
+
+def temperature_loss(log_alpha: torch.Tensor, log_pi: torch.Tensor, target_entropy: float) -> torch.Tensor:
+    """-(log_alpha * (log_pi + H_target)).mean(): alpha grows while entropy < H_target."""
+    return -log_alpha * (log_pi.detach().mean() + target_entropy)
+
+
+# --- networks -------------------------------------------------------------------
+class Actor(nn.Module):
+    """obs -> (mean, log_std) of the pre-tanh Gaussian; one linear layer for both heads."""
+
+    def __init__(self, obs_dim: int, act_dim: int, hidden: list[int]):
+        super().__init__()
+        self.torso = mlp([obs_dim, *hidden])
+        self.head = nn.Linear(hidden[-1], 2 * act_dim)
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mean, raw = self.head(self.torso(obs)).chunk(2, dim=-1)
+        # tanh-rescaled rather than clamped: keeps a gradient at the bounds.
+        log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (torch.tanh(raw) + 1.0)
+        return mean, log_std
+
+
+class TwinQ(nn.Module):
+    """Both critics in one stacked MLP: each layer is one batched matmul over (2, B, width).
+
+    Halves the kernel launches of two separate MLPs: 5-30% faster per update on
+    one CPU thread at widths 64-128, about even at 256. Init matches nn.Linear's default.
+    """
+
+    def __init__(self, in_dim: int, hidden: list[int]):
+        super().__init__()
+        sizes = [in_dim, *hidden, 1]
+        self.weights = nn.ParameterList()
+        self.biases = nn.ParameterList()
+        for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
+            bound = 1.0 / math.sqrt(fan_in)
+            self.weights.append(nn.Parameter(torch.empty(2, fan_in, fan_out).uniform_(-bound, bound)))
+            self.biases.append(nn.Parameter(torch.empty(2, 1, fan_out).uniform_(-bound, bound)))
+
+    def forward(self, obs: torch.Tensor, actions: torch.Tensor, detach_params: bool = False) -> torch.Tensor:
+        """(2, B) Q-values; `detach_params` lets gradients reach only the inputs (actor loss)."""
+        x = torch.cat([obs, actions], dim=-1).expand(2, -1, -1)
+        last = len(self.weights) - 1
+        for i, (w, b) in enumerate(zip(self.weights, self.biases)):
+            if detach_params:
+                w, b = w.detach(), b.detach()
+            x = torch.baddbmm(b, x, w)
+            if i < last:
+                x = F.relu(x)
+        return x.squeeze(-1)
+
+
+def _dims(spec: EnvSpec) -> tuple[int, int]:
+    return int(np.prod(spec.observation_space.shape)), int(np.prod(spec.action_space.shape))
+
+
+class ActionScaler:
+    """[-1, 1]^d <-> the env's Box bounds (computed in float64, clipped against rounding)."""
+
+    def __init__(self, space):
+        self.low = np.asarray(space.low, np.float64).reshape(-1)
+        self.high = np.asarray(space.high, np.float64).reshape(-1)
+        self.half = (self.high - self.low) / 2.0
+        self.shape, self.dtype = tuple(space.shape), space.dtype
+
+    def to_env(self, a: np.ndarray) -> np.ndarray:
+        env_a = np.clip(self.low + (a + 1.0) * self.half, self.low, self.high)
+        return env_a.astype(self.dtype, copy=False).reshape(len(a), *self.shape)
+
+    def to_unit(self, env_a: np.ndarray) -> np.ndarray:
+        a = (np.asarray(env_a, np.float64).reshape(len(env_a), -1) - self.low) / self.half - 1.0
+        return np.clip(a, -1.0, 1.0).astype(np.float32)
+
+
+# --- policy ---------------------------------------------------------------------
+class SACPolicy(Policy):
+    def __init__(self, spec: EnvSpec, cfg, worker_index: int, num_workers: int, seed: int):
+        self.cfg = cfg
+        obs_dim, self.act_dim = _dims(spec)
+        self.actor = Actor(obs_dim, self.act_dim, list(cfg.hidden))
+        self.actor.eval()
+        self.scaler = ActionScaler(spec.action_space)
+        self.worker_index = worker_index
+        self.random_steps = cfg.random_steps / max(1, num_workers) if worker_index >= 0 else 0
+        self.rng = np.random.default_rng(seed)
+        self.env_steps = 0
+
+    def set_weights(self, weights: Weights, version: int) -> None:
+        load_numpy_weights(self.actor, weights)
+        self.version = version
+
+    def observe_steps(self, env_steps: int) -> None:
+        self.env_steps = env_steps
+
+    def act(self, obs: np.ndarray, explore: bool):
+        n = len(obs)
+        if explore and self.env_steps < self.random_steps:
+            a = self.rng.uniform(-1.0, 1.0, (n, self.act_dim))
+        else:
+            with torch.inference_mode():
+                mean, log_std = self.actor(torch.as_tensor(obs, dtype=torch.float32).reshape(n, -1))
+            mean = mean.numpy()
+            u = mean + np.exp(log_std.numpy()) * self.rng.standard_normal(mean.shape) if explore else mean
+            a = np.tanh(u)
+        return self.scaler.to_env(a), {}
+
+    def postprocess(self, traj: Trajectory) -> tuple[Batch, None]:
+        c = self.cfg
+        items = nstep_transitions(traj.obs, traj.actions, traj.rewards, traj.terminated,
+                                  traj.truncated, traj.next_obs, c.gamma, c.n_step)
+        items.pop("nsteps", None)
+        items["obs"] = items["obs"].astype(np.float32, copy=False)
+        items["next_obs"] = items["next_obs"].astype(np.float32, copy=False)
+        items["actions"] = self.scaler.to_unit(items["actions"])
+        return items, None
+
+
+# --- learner --------------------------------------------------------------------
+class SACLearner(Learner):
+    def __init__(self, spec: EnvSpec, cfg, device: str):
+        self.cfg, self.device = cfg, device
+        obs_dim, act_dim = _dims(spec)
+        hidden = list(cfg.hidden)
+        self.actor = Actor(obs_dim, act_dim, hidden).to(device)
+        self.critic = TwinQ(obs_dim + act_dim, hidden).to(device)
+        self.critic_target = TwinQ(obs_dim + act_dim, hidden).to(device)
+        self.critic_target.load_state_dict(self.critic.state_dict())
+        self.critic_target.requires_grad_(False)
+        self.log_alpha = torch.tensor(math.log(cfg.init_alpha), device=device, requires_grad=True)
+        self.target_entropy = float(-act_dim if cfg.target_entropy is None else cfg.target_entropy)
+        self.actor_opt = adam(self.actor.parameters(), cfg.actor_lr, device)
+        self.critic_opt = adam(self.critic.parameters(), cfg.critic_lr, device)
+        self.alpha_opt = adam([self.log_alpha], cfg.alpha_lr, device)
+        self._params = list(self.critic.parameters())
+        self._target_params = list(self.critic_target.parameters())
+        self.updates = 0
+
+    def update(self, batch: Batch) -> dict[str, Any]:
+        t = as_tensors(batch, self.device)
+        obs, next_obs, actions = t["obs"], t["next_obs"], t["actions"]
+        n = obs.shape[0]
+        alpha = self.log_alpha.detach().exp()
+        # One actor forward for obs (actor loss) and next_obs (target): half the launches.
+        mean, log_std = self.actor(torch.cat([obs, next_obs]))
+        pi, log_pi = squashed_sample(mean, log_std, torch.randn_like(mean))
+
+        with torch.no_grad():
+            q_next = self.critic_target(next_obs, pi[n:].detach()).min(dim=0).values
+            y = critic_target(t["rewards"], t["discounts"], q_next, log_pi[n:].detach(), alpha)
+        q = self.critic(obs, actions)
+        td = q - y
+        per_sample = 0.5 * td.square().sum(0)  # the two critics' losses, summed
+        weights = t.get("weights")
+        loss_critic = (per_sample * weights).mean() if weights is not None else per_sample.mean()
+        self.critic_opt.zero_grad(set_to_none=True)
+        loss_critic.backward()
+        self.critic_opt.step()
+
+        # Actor against the freshly updated critics; their params are detached so
+        # the backward pass computes no critic weight gradients.
+        log_pi_now = log_pi[:n]
+        q_pi = self.critic(obs, pi[:n], detach_params=True).min(dim=0).values
+        loss_actor = (alpha * log_pi_now - q_pi).mean()
+        self.actor_opt.zero_grad(set_to_none=True)
+        loss_actor.backward()
+        self.actor_opt.step()
+
+        loss_alpha = temperature_loss(self.log_alpha, log_pi_now, self.target_entropy)
+        if self.cfg.autotune_alpha:
+            self.alpha_opt.zero_grad(set_to_none=True)
+            loss_alpha.backward()
+            self.alpha_opt.step()
+
+        with torch.no_grad():
+            torch._foreach_lerp_(self._target_params, self._params, self.cfg.tau)
+            stats = torch.stack([loss_critic, loss_actor, loss_alpha, alpha,
+                                 -log_pi_now.mean(), q.mean()]).tolist()
+            priorities = td.abs().mean(0).cpu().numpy()
+        self.updates += 1
+        return {"loss": stats[0], "loss_critic": stats[0], "loss_actor": stats[1],
+                "loss_alpha": stats[2], "alpha": stats[3], "entropy": stats[4],
+                "q_mean": stats[5], "priorities": priorities}
+
+    def get_weights(self) -> Weights:
+        return to_numpy_weights(self.actor)
+
+    def state_dict(self) -> dict[str, Any]:
+        # A deep copy: a snapshot later updates can't mutate (torch returns live tensors).
+        return copy.deepcopy({
+            "actor": self.actor.state_dict(), "critic": self.critic.state_dict(),
+            "critic_target": self.critic_target.state_dict(), "log_alpha": self.log_alpha.detach(),
+            "actor_opt": self.actor_opt.state_dict(), "critic_opt": self.critic_opt.state_dict(),
+            "alpha_opt": self.alpha_opt.state_dict(), "updates": self.updates})
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.actor.load_state_dict(state["actor"])
+        self.critic.load_state_dict(state["critic"])
+        self.critic_target.load_state_dict(state["critic_target"])
+        with torch.no_grad():
+            self.log_alpha.copy_(torch.as_tensor(state["log_alpha"]))
+        self.actor_opt.load_state_dict(state["actor_opt"])
+        self.critic_opt.load_state_dict(state["critic_opt"])
+        self.alpha_opt.load_state_dict(state["alpha_opt"])
+        self.updates = int(state["updates"])
+
+
+class SAC(Algorithm):
+    name = "sac"
+
+    @classmethod
+    def check_spec(cls, spec: EnvSpec) -> str | None:
+        from gymnasium import spaces
+
+        act, obs = spec.action_space, spec.observation_space
+        if not isinstance(act, spaces.Box):
+            return f"sac needs a Box (continuous) action space, the env has {act}"
+        low, high = np.asarray(act.low, np.float64), np.asarray(act.high, np.float64)
+        if not (np.all(np.isfinite(low)) and np.all(np.isfinite(high)) and np.all(low < high)):
+            return f"sac needs finite action bounds with low < high, the env has {act}"
+        if not isinstance(obs, spaces.Box) or len(obs.shape) != 1:
+            return f"sac needs a flat Box observation space, the env has {obs}"
+        return None
+
+    def make_policy(self, worker_index: int, num_workers: int) -> SACPolicy:
+        seed = self.cfg.seed + 1000 + worker_index
+        return SACPolicy(self.spec, self.cfg.sac, worker_index, num_workers, seed)
+
+    def make_learner(self, device: str) -> SACLearner:
+        torch.manual_seed(self.cfg.seed)
+        return SACLearner(self.spec, self.cfg.sac, device)
+
+
+ALGORITHM = SAC
