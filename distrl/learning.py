@@ -34,7 +34,7 @@ class TrainStats:
 
 
 def make_store(cfg) -> ReplayBuffer | FragmentQueue:
-    if data_path(cfg.algo) == "trajectory":
+    if data_path(cfg.algo) != "replay":
         return FragmentQueue(cfg.queue.capacity)
     r = cfg.replay
     return ReplayBuffer(r.capacity, r.prioritized, r.alpha, r.beta0, r.beta_steps, seed=cfg.seed)
@@ -48,6 +48,8 @@ def store_nbytes(store) -> int:
 
 def fragments_per_update(cfg) -> int:
     """On-policy batch size in fragments: one per worker unless the config says otherwise."""
+    if data_path(cfg.algo) == "gradients":
+        return 1  # each gradient message is applied on its own
     if cfg.learner.fragments_per_update:
         return cfg.learner.fragments_per_update
     return 1 if cfg.mode == "single" else cfg.workers

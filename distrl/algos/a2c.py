@@ -35,6 +35,7 @@ class A2CLearner(ActorCriticLearner):
 
 class A2C(ActorCriticAlgorithm):
     name = "a2c"
+    modes = ("single", "sync")
     learner_cls = A2CLearner
 
 

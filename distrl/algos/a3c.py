@@ -79,6 +79,7 @@ class A3CLearner(ActorCriticLearner):
 
 class A3C(ActorCriticAlgorithm):
     name = "a3c"
+    modes = ("single", "async")
     policy_cls = A3CPolicy
     learner_cls = A3CLearner
 

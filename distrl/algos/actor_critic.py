@@ -243,7 +243,6 @@ class ActorCriticLearner(Learner):
 class ActorCriticAlgorithm(Algorithm):
     """Config section = `cfg.<name>`; subclasses set name, learner_cls (and maybe policy_cls)."""
 
-    data_path = "trajectory"
     policy_cls: type[ActorCriticPolicy] = ActorCriticPolicy
     learner_cls: type[ActorCriticLearner] = ActorCriticLearner
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 
 import ray
 
@@ -71,7 +72,10 @@ class ReplayServer:
 
         self.cfg = from_dict(cfg_dict)
         self.store = make_store(self.cfg)
-        if ray.get_runtime_context().was_current_actor_reconstructed:
+        with warnings.catch_warnings():  # Ray's own property trips its deprecated actor_id
+            warnings.simplefilter("ignore")
+            reconstructed = ray.get_runtime_context().was_current_actor_reconstructed
+        if reconstructed:
             self._refill(run_dir)
 
     def _refill(self, run_dir: str) -> None:
@@ -184,7 +188,7 @@ class Learner:
         from distrl.algos import data_path
 
         # On-policy data must come from the newest policy: publish after every update.
-        self.on_policy = data_path(cfg.algo) == "trajectory"
+        self.on_policy = data_path(cfg.algo) != "replay"
         self.publish_interval = 1 if self.on_policy else cfg.learner.publish_interval
 
     def publish(self) -> int:

@@ -58,7 +58,7 @@ class Driver:
         self.last_checkpoint = time.time()
         self.stop_requested: str | None = None
         self.failure: str | None = None
-        self.on_policy = data_path(cfg.algo) == "trajectory"
+        self.on_policy = data_path(cfg.algo) != "replay"
         self.fpu = fragments_per_update(cfg)
         self.last_eval_submit = 0.0
         self.learner_starved = False

@@ -121,7 +121,7 @@ class LocalRoles:
         self.rollout = Rollout(policy, cfg.env.id, cfg.env.num_envs, cfg.rollout.fragment_length,
                                cfg.seed, 0, cfg.env.kwargs)
         self.store = make_store(cfg)
-        self.on_policy = data_path(cfg.algo) == "trajectory"
+        self.on_policy = data_path(cfg.algo) != "replay"
         self.timings = {"env_s": 0.0, "inference_s": 0.0, "learner_s": 0.0}
 
     def get_state(self) -> dict:
