@@ -201,7 +201,7 @@ class Driver:
         if reason != "solved":
             # A last score for runs that stopped early, so best_eval_return means something.
             if not self.roles.eval_busy() and self.c.updates > 0:
-                self.roles.submit_eval(self.c.env_steps)
+                self.roles.submit_eval(self.c.env_steps, wait=True)
             self._evaluate(block=True)
         self._log_row()
         persist.save(self)  # every stop leaves a resumable run (SIGTERM/SIGINT included)

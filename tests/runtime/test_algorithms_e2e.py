@@ -1,0 +1,46 @@
+"""Every algorithm end to end in every mode it supports, through the real path (Ray actors in sync/async)."""
+import json
+import os
+
+import pytest
+
+from distrl import train
+from distrl.cli import main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+QUIET = ["log.progress=false", "log.tensorboard=false", "eval.interval_s=0.5"]
+
+CASES = [  # (config, mode, extra overrides)
+    ("a2c_cartpole", "sync", []), ("a3c_cartpole", "async", []),
+    ("ppo_cartpole", "sync", []), ("ppo_cartpole", "async", []),
+    ("impala_cartpole", "sync", []), ("impala_cartpole", "async", []),
+    ("ppo_cartpole", "single", []), ("a3c_cartpole", "single", []),
+    ("sac_pendulum", "sync", ["learner.updates_per_step=0.25"]),
+    ("sac_pendulum", "async", ["learner.updates_per_step=0.25"]),
+]
+
+
+@pytest.mark.parametrize("config, mode, extra", CASES, ids=[f"{c}-{m}" for c, m, _ in CASES])
+def test_algorithm_mode_end_to_end(request, tmp_path, config, mode, extra):
+    if mode != "single":
+        request.getfixturevalue("ray_session")
+    run_dir = str(tmp_path / "run")
+    summary = train(os.path.join(ROOT, "configs", f"{config}.yaml"), run_dir=run_dir, overrides=[
+        f"mode={mode}", "workers=2", "stop.max_env_steps=3000", "eval.target_return=null",
+        "replay.learning_starts=500", *QUIET, *extra])
+    assert summary["mode"] == mode and summary["stop_reason"] == "max_env_steps"
+    assert summary["updates"] > 0 and summary["best_eval_return"] is not None
+    assert json.load(open(os.path.join(run_dir, "summary.json")))["updates"] == summary["updates"]
+    assert os.path.isfile(os.path.join(run_dir, "checkpoints", "best.safetensors"))
+    if config.startswith("a3c"):
+        assert summary["gradients_dropped"] >= 0 and summary["policy_lag"]["max"] >= 0
+
+
+@pytest.mark.parametrize("algo, mode, supported", [("a2c", "async", "single, sync"), ("a3c", "sync", "single, async")])
+def test_unsupported_mode_is_a_clear_error(capsys, tmp_path, algo, mode, supported):
+    code = main(["train", os.path.join(ROOT, "configs", f"{algo}_cartpole.yaml"), "--mode", mode,
+                 "--run-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert err == f"distrl: error: config key 'mode': {algo} does not support mode '{mode}' (supported: {supported})"
+    assert not (tmp_path / "run").exists()

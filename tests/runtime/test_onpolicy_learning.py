@@ -1,0 +1,20 @@
+"""Learning tests: A2C, A3C, PPO and IMPALA each solve CartPole-v1 (greedy eval >= 475 over 20 episodes)."""
+import os
+
+import pytest
+
+from distrl import train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.mark.parametrize("algo, mode", [("ppo", "single"), ("a2c", "single"), ("impala", "single"),
+                                        ("a3c", "async")])
+def test_solves_cartpole_within_step_budget(request, tmp_path, algo, mode):
+    if mode != "single":
+        request.getfixturevalue("ray_session")
+    summary = train(os.path.join(ROOT, "configs", f"{algo}_cartpole.yaml"), run_dir=str(tmp_path / "run"),
+                    overrides=[f"mode={mode}", "workers=2", "seed=0", "stop.max_env_steps=300000",
+                               "stop.max_seconds=180", "log.progress=false", "log.tensorboard=false"])
+    assert summary["solved"], summary
+    assert summary["best_eval_return"] >= 475
