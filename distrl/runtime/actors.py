@@ -35,6 +35,7 @@ class ParameterServer:
     def __init__(self):
         self.version = -1
         self.ref = None  # [ObjectRef]: wrapped in a list so Ray passes the ref, not the value
+        self.starts: dict[int, int] = {}
 
     def push(self, version: int, ref_box: list) -> None:
         if version > self.version:
@@ -48,6 +49,13 @@ class ParameterServer:
 
     def get_version(self) -> int:
         return self.version
+
+    def register_worker(self, worker_index: int) -> None:
+        """Called by every RolloutWorker start: a second start of the same index is a restart."""
+        self.starts[worker_index] = self.starts.get(worker_index, 0) + 1
+
+    def worker_restarts(self) -> int:
+        return sum(n - 1 for n in self.starts.values())
 
     def save(self, path: str) -> None:
         from distrl.checkpoint import save_weights
@@ -122,6 +130,7 @@ class RolloutWorker:
     """Steps `env.num_envs` envs with batched inference; one fragment per `sample` call."""
 
     def __init__(self, cfg_dict: dict, worker_index: int, num_workers: int, ps):
+        ps.register_worker.remote(worker_index)  # first thing: a restart is counted even if we die in start-up
         _setup_torch()
         from distrl.rollout import Rollout
 

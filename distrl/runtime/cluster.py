@@ -138,8 +138,8 @@ class RayRoles:
         self.eval_ref = None
         self.evaluator_restarts = 0
         self.restarting: dict[int, ray.ObjectRef] = {}  # worker index -> health-check ref
-        self.pids: dict[int, int] = {}
-        self.restarts = 0  # worker process restarts seen (a pid change), whether or not a call failed
+        self.restarts = 0
+        self.restarts_ref = None
         self.timings = {"env_s": 0.0, "inference_s": 0.0, "pull_s": 0.0, "learner_s": 0.0,
                         "learner_wait_s": 0.0}
 
@@ -152,7 +152,7 @@ class RayRoles:
                 ray.kill(self.workers[i], no_restart=False)
             self.restarting[i] = self.workers[i].pid.remote()
         counts["failed"] = len(failed)
-        counts["restarts"] = sum(self._saw_pid(info.worker, info.pid) for info, _ in pairs)
+        self._poll_restarts()
         adds = [self.replay.add.remote(data_ref) for _, data_ref in pairs]
         if self.gatherer.waits_for_learner and adds:
             ray.get(adds)  # the learner must see this data before it trains
@@ -237,12 +237,17 @@ class RayRoles:
         ray.get(refs)
         ray.get(self.learner.set_state.remote(state["learner"]))
 
-    def _saw_pid(self, i: int, pid: int) -> bool:
-        """Record worker i's process id; True when it changed (the process was restarted)."""
-        changed = self.pids.get(i, pid) != pid
-        self.pids[i] = pid
-        self.restarts += changed
-        return changed
+    def sync_counters(self) -> None:
+        """Final, exact counts (called once at the end of a run)."""
+        self.restarts = ray.get(self.ps.worker_restarts.remote())
+
+    def _poll_restarts(self) -> None:
+        """Worker restarts, as counted by the parameter server (every worker start registers)."""
+        if self.restarts_ref is not None and ray.wait([self.restarts_ref], timeout=0)[0]:
+            self.restarts = ray.get(self.restarts_ref)
+            self.restarts_ref = None
+        if self.restarts_ref is None:
+            self.restarts_ref = self.ps.worker_restarts.remote()
 
     def _release_restarted(self) -> None:
         """Hand workers back to the gatherer once their restarted process answers."""
@@ -252,7 +257,7 @@ class RayRoles:
         for i, ref in list(self.restarting.items()):
             if ref in ready:
                 try:
-                    self._saw_pid(i, ray.get(ref))
+                    ray.get(ref)
                     del self.restarting[i]
                     self.gatherer.release(i)
                 except (*ACTOR_GONE, RayTaskError):

@@ -196,6 +196,8 @@ class Driver:
         self.last_log, self.last_log_steps, self.last_log_updates = now, self.c.env_steps, self.c.updates
 
     def _finish(self, reason: str) -> dict:
+        getattr(self.roles, "sync_counters", lambda: None)()
+        self.c.worker_restarts = getattr(self.roles, "restarts", 0)
         for stats in self.roles.train(0, final=True):
             self._count_training(stats)
         if reason != "solved":

@@ -17,22 +17,19 @@ def worker_pids() -> list[int]:
 
 
 def kill_workers(times: int, run_dir: str, log: list) -> None:
-    """SIGKILL one RolloutWorker `times` times, each once training is under way again."""
+    """SIGKILL a RolloutWorker `times` times, each one that has been up for a few seconds."""
     metrics = os.path.join(run_dir, "metrics.csv")
+    first_seen: dict[int, float] = {}
     deadline = time.time() + 120
-    for _ in range(times):
-        while time.time() < deadline:
-            pids = worker_pids()
-            rows = open(metrics).read().count("\n") if os.path.exists(metrics) else 0
-            if len(pids) >= 2 and rows >= 3 + 4 * len(log):
-                break
-            time.sleep(0.2)
-        else:
-            return
-        victim = max(pids)
-        os.kill(victim, signal.SIGKILL)
-        log.append(victim)
-        time.sleep(3.0)
+    while len(log) < times and time.time() < deadline:
+        now = time.time()
+        for pid in worker_pids():
+            first_seen.setdefault(pid, now)
+        settled = [p for p in worker_pids() if now - first_seen[p] >= 4.0 and p not in log]
+        if os.path.exists(metrics) and len(settled) >= 2:
+            os.kill(settled[-1], signal.SIGKILL)
+            log.append(settled[-1])
+        time.sleep(0.2)
 
 
 def test_learning_survives_a_worker_killed_twice(ray_session, tmp_path):
