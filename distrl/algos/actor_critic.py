@@ -18,7 +18,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from distrl.algos.common import adam, as_tensors, load_numpy_weights, mlp, to_numpy_weights
+from distrl.algos.common import (BoxScaler, adam, as_tensors, load_numpy_weights, mlp, spec_problem,
+                                 to_numpy_weights)
 from distrl.core import Algorithm, Batch, EnvSpec, Learner, Policy, Trajectory, Weights
 
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
@@ -105,19 +106,6 @@ def build_net(spec: EnvSpec, cfg) -> ActorCriticNet:
     return ActorCriticNet(obs_dim, out_dim, list(cfg.hidden), cfg.shared_torso, box)
 
 
-class BoxMap:
-    """Normalised action u -> env action low + (u + 1) * (high - low) / 2, clipped to the bounds."""
-
-    def __init__(self, space):
-        self.low = np.asarray(space.low, np.float64).reshape(-1)
-        self.high = np.asarray(space.high, np.float64).reshape(-1)
-        self.shape, self.dtype = tuple(space.shape), space.dtype
-
-    def to_env(self, u: np.ndarray) -> np.ndarray:
-        a = np.clip(self.low + (u + 1.0) * (self.high - self.low) / 2.0, self.low, self.high)
-        return a.astype(self.dtype, copy=False).reshape(len(u), *self.shape)
-
-
 # --- policy -----------------------------------------------------------------------
 class ActorCriticPolicy(Policy):
     """Samples (explore) or takes the mode (evaluator); extras: logp, value (+ raw_action for Box)."""
@@ -128,7 +116,7 @@ class ActorCriticPolicy(Policy):
         self.cfg = cfg
         self.net = build_net(spec, cfg)
         self.net.eval()
-        self.box = BoxMap(spec.action_space) if isinstance(spec.action_space, spaces.Box) else None
+        self.box = BoxScaler(spec.action_space) if isinstance(spec.action_space, spaces.Box) else None
         self.worker_index = worker_index
         self.gen = torch.Generator().manual_seed(seed)
 
@@ -252,19 +240,7 @@ class ActorCriticAlgorithm(Algorithm):
 
     @classmethod
     def check_spec(cls, spec: EnvSpec) -> str | None:
-        from gymnasium import spaces
-
-        act, obs = spec.action_space, spec.observation_space
-        if isinstance(act, spaces.Box):
-            low, high = np.asarray(act.low, np.float64), np.asarray(act.high, np.float64)
-            if len(act.shape) != 1 or not (np.all(np.isfinite(low)) and np.all(np.isfinite(high))
-                                           and np.all(low < high)):
-                return f"{cls.name} needs a flat Box action space with finite low < high, the env has {act}"
-        elif not isinstance(act, spaces.Discrete):
-            return f"{cls.name} needs a Discrete or Box action space, the env has {act}"
-        if not isinstance(obs, spaces.Box) or len(obs.shape) != 1:
-            return f"{cls.name} needs a flat Box observation space, the env has {obs}"
-        return None
+        return spec_problem(cls.name, spec, discrete=True, box=True)
 
     def make_policy(self, worker_index: int, num_workers: int) -> ActorCriticPolicy:
         return self.policy_cls(self.spec, self.section, worker_index, self.cfg.seed + 1000 + worker_index)

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from distrl.algos.common import adam, as_tensors, load_numpy_weights, mlp, to_numpy_weights
+from distrl.algos.common import adam, as_tensors, load_numpy_weights, mlp, spec_problem, to_numpy_weights
 from distrl.core import Algorithm, Batch, EnvSpec, Learner, Policy, Trajectory, Weights
 from distrl.replay import nstep_transitions
 
@@ -161,13 +161,7 @@ class ApexDQN(Algorithm):
 
     @classmethod
     def check_spec(cls, spec: EnvSpec) -> str | None:
-        from gymnasium import spaces
-
-        if not isinstance(spec.action_space, spaces.Discrete):
-            return f"apex_dqn needs a Discrete action space, the env has {spec.action_space}"
-        if not isinstance(spec.observation_space, spaces.Box) or len(spec.observation_space.shape) != 1:
-            return f"apex_dqn needs a flat Box observation space, the env has {spec.observation_space}"
-        return None
+        return spec_problem("apex_dqn", spec, discrete=True, box=False)
 
     def make_policy(self, worker_index: int, num_workers: int) -> DQNPolicy:
         seed = self.cfg.seed + 1000 + worker_index

@@ -10,6 +10,41 @@ from torch import nn
 from distrl.core import Weights
 
 
+class BoxScaler:
+    """[-1, 1]^d <-> the env's Box bounds (computed in float64, clipped against rounding)."""
+
+    def __init__(self, space):
+        self.low = np.asarray(space.low, np.float64).reshape(-1)
+        self.high = np.asarray(space.high, np.float64).reshape(-1)
+        self.half = (self.high - self.low) / 2.0
+        self.shape, self.dtype = tuple(space.shape), space.dtype
+
+    def to_env(self, a: np.ndarray) -> np.ndarray:
+        env_a = np.clip(self.low + (a + 1.0) * self.half, self.low, self.high)
+        return env_a.astype(self.dtype, copy=False).reshape(len(a), *self.shape)
+
+    def to_unit(self, env_a: np.ndarray) -> np.ndarray:
+        a = (np.asarray(env_a, np.float64).reshape(len(env_a), -1) - self.low) / self.half - 1.0
+        return np.clip(a, -1.0, 1.0).astype(np.float32)
+
+
+def spec_problem(name: str, spec, discrete: bool, box: bool) -> str | None:
+    """Why algorithm `name` can't run on `spec` (action kinds it takes; flat Box obs), or None."""
+    from gymnasium import spaces
+
+    act, obs = spec.action_space, spec.observation_space
+    kinds = " or ".join(k for k, ok in (("Discrete", discrete), ("Box", box)) if ok)
+    if isinstance(act, spaces.Box) and box:
+        low, high = np.asarray(act.low, np.float64), np.asarray(act.high, np.float64)
+        if len(act.shape) != 1 or not (np.all(np.isfinite(low)) and np.all(np.isfinite(high)) and np.all(low < high)):
+            return f"{name} needs a flat Box action space with finite low < high, the env has {act}"
+    elif not (isinstance(act, spaces.Discrete) and discrete):
+        return f"{name} needs a {kinds} action space, the env has {act}"
+    if not isinstance(obs, spaces.Box) or len(obs.shape) != 1:
+        return f"{name} needs a flat Box observation space, the env has {obs}"
+    return None
+
+
 def mlp(sizes: list[int], activation=nn.ReLU, last_activation: bool = True) -> nn.Sequential:
     layers: list[nn.Module] = []
     for i in range(len(sizes) - 1):

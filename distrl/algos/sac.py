@@ -17,7 +17,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from distrl.algos.common import adam, as_tensors, load_numpy_weights, mlp, to_numpy_weights
+from distrl.algos.common import (BoxScaler, adam, as_tensors, load_numpy_weights, mlp, spec_problem,
+                                 to_numpy_weights)
 from distrl.core import Algorithm, Batch, EnvSpec, Learner, Policy, Trajectory, Weights
 from distrl.replay import nstep_transitions
 
@@ -105,24 +106,6 @@ def _dims(spec: EnvSpec) -> tuple[int, int]:
     return int(np.prod(spec.observation_space.shape)), int(np.prod(spec.action_space.shape))
 
 
-class ActionScaler:
-    """[-1, 1]^d <-> the env's Box bounds (computed in float64, clipped against rounding)."""
-
-    def __init__(self, space):
-        self.low = np.asarray(space.low, np.float64).reshape(-1)
-        self.high = np.asarray(space.high, np.float64).reshape(-1)
-        self.half = (self.high - self.low) / 2.0
-        self.shape, self.dtype = tuple(space.shape), space.dtype
-
-    def to_env(self, a: np.ndarray) -> np.ndarray:
-        env_a = np.clip(self.low + (a + 1.0) * self.half, self.low, self.high)
-        return env_a.astype(self.dtype, copy=False).reshape(len(a), *self.shape)
-
-    def to_unit(self, env_a: np.ndarray) -> np.ndarray:
-        a = (np.asarray(env_a, np.float64).reshape(len(env_a), -1) - self.low) / self.half - 1.0
-        return np.clip(a, -1.0, 1.0).astype(np.float32)
-
-
 # --- policy ---------------------------------------------------------------------
 class SACPolicy(Policy):
     def __init__(self, spec: EnvSpec, cfg, worker_index: int, num_workers: int, seed: int):
@@ -130,7 +113,7 @@ class SACPolicy(Policy):
         obs_dim, self.act_dim = _dims(spec)
         self.actor = Actor(obs_dim, self.act_dim, list(cfg.hidden))
         self.actor.eval()
-        self.scaler = ActionScaler(spec.action_space)
+        self.scaler = BoxScaler(spec.action_space)
         self.worker_index = worker_index
         self.random_steps = cfg.random_steps / max(1, num_workers) if worker_index >= 0 else 0
         self.rng = np.random.default_rng(seed)
@@ -260,17 +243,7 @@ class SAC(Algorithm):
 
     @classmethod
     def check_spec(cls, spec: EnvSpec) -> str | None:
-        from gymnasium import spaces
-
-        act, obs = spec.action_space, spec.observation_space
-        if not isinstance(act, spaces.Box):
-            return f"sac needs a Box (continuous) action space, the env has {act}"
-        low, high = np.asarray(act.low, np.float64), np.asarray(act.high, np.float64)
-        if not (np.all(np.isfinite(low)) and np.all(np.isfinite(high)) and np.all(low < high)):
-            return f"sac needs finite action bounds with low < high, the env has {act}"
-        if not isinstance(obs, spaces.Box) or len(obs.shape) != 1:
-            return f"sac needs a flat Box observation space, the env has {obs}"
-        return None
+        return spec_problem("sac", spec, discrete=False, box=True)
 
     def make_policy(self, worker_index: int, num_workers: int) -> SACPolicy:
         seed = self.cfg.seed + 1000 + worker_index

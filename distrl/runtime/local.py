@@ -11,7 +11,6 @@ import multiprocessing as mp
 import queue
 import time
 
-import numpy as np
 
 from distrl.algos import data_path
 from distrl.config import Config, from_dict, to_dict

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from distrl.algos.actor_critic import (ActorCriticAlgorithm, BoxMap, Categorical, DiagGaussian,
+from distrl.algos.common import BoxScaler as BoxMap
+from distrl.algos.actor_critic import (ActorCriticAlgorithm, Categorical, DiagGaussian,
                                        actor_critic_loss)
 from distrl.algos.ppo import PPO
 from distrl.config import load_config

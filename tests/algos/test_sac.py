@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from distrl.algos.sac import (SAC, ActionScaler, critic_target, squashed_sample,
+from distrl.algos.common import BoxScaler as ActionScaler
+from distrl.algos.sac import (SAC, critic_target, squashed_sample,
                               temperature_loss)
 from distrl.config import Config
 from distrl.core import EnvSpec, Trajectory
