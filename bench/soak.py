@@ -1,0 +1,115 @@
+"""Memory soak: RSS of every role over a long async run, and the cost of a 1M-transition checkpoint.
+
+    python -m bench.soak [--minutes 30] [--config configs/apex_dqn_cartpole.yaml]
+
+Growth per role = (last RSS - RSS after warm-up) / RSS after warm-up, warm-up
+being the first quarter of the run (the replay fills, allocators settle).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from bench.common import ROOT, hardware, write_json
+
+ROLES = ("RolloutWorker", "Learner", "ReplayServer", "ParameterServer", "Evaluator")
+
+
+def rss_mb(pid: int) -> float | None:
+    try:
+        for line in open(f"/proc/{pid}/status"):
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    except OSError:
+        return None
+    return None
+
+
+def role_pids() -> dict[str, list[int]]:
+    out = {}
+    for role in ROLES:
+        res = subprocess.run(["pgrep", "-f", f"ray::{role}"], capture_output=True, text=True).stdout
+        out[role] = sorted(int(p) for p in res.split())
+    return out
+
+
+def checkpoint_cost(transitions: int = 1_000_000) -> dict:
+    """Write and read a whole-run checkpoint holding a full CartPole-shaped prioritized replay."""
+    from distrl.replay import ReplayBuffer
+    from distrl.run_checkpoint import checkpoint_size, read_checkpoint, write_checkpoint
+
+    buf = ReplayBuffer(transitions, prioritized=True)
+    rng = np.random.default_rng(0)
+    chunk = 100_000
+    for _ in range(transitions // chunk):
+        buf.add({"obs": rng.normal(size=(chunk, 4)).astype(np.float32), "actions": rng.integers(0, 2, chunk),
+                 "rewards": np.ones(chunk, np.float32), "next_obs": rng.normal(size=(chunk, 4)).astype(np.float32),
+                 "discounts": np.full(chunk, 0.97, np.float32), "version": np.zeros(chunk, np.int32)},
+                rng.random(chunk))
+    run_dir = tempfile.mkdtemp(prefix="ckpt-bench-")
+    import torch
+
+    state = {"meta": {"note": "bench"}, "learner": {"w": torch.zeros(64, 64)}, "store": buf.state_dict(),
+             "workers": [], "torch_rng": None, "numpy_rng": None}
+    t0 = time.perf_counter()
+    path = write_checkpoint(run_dir, state)
+    t1 = time.perf_counter()
+    read_checkpoint(path)
+    t2 = time.perf_counter()
+    return {"transitions": transitions, "size_mb": round(checkpoint_size(path) / 1e6, 1),
+            "write_s": round(t1 - t0, 3), "read_s": round(t2 - t1, 3)}
+
+
+def soak(config: str, minutes: float, interval_s: float = 10.0) -> dict:
+    run_dir = tempfile.mkdtemp(prefix="soak-")
+    os.rmdir(run_dir)
+    cmd = [sys.executable, "-m", "distrl.cli", "train", config, "--mode", "async", "--run-dir", run_dir,
+           "--max-seconds", str(minutes * 60 + 30), "--set", "eval.target_return=null",
+           "--set", "log.progress=false", "--set", "eval.interval_s=5"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    samples = []  # (t, {role: total MB})
+    t_start = time.time()
+    try:
+        while time.time() - t_start < minutes * 60 and proc.poll() is None:
+            time.sleep(interval_s)
+            pids = role_pids()
+            row = {role: sum(filter(None, (rss_mb(p) for p in ps))) for role, ps in pids.items()}
+            row["driver"] = rss_mb(proc.pid) or 0.0
+            samples.append((round(time.time() - t_start, 1), row))
+            print(samples[-1], flush=True)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+    warm = next(i for i, (t, _) in enumerate(samples) if t >= minutes * 60 / 4)
+    growth = {}
+    for role in samples[0][1]:
+        base, last = samples[warm][1][role], samples[-1][1][role]
+        growth[role] = {"rss_mb_after_warmup": round(base, 1), "rss_mb_last": round(last, 1),
+                        "growth_pct": round(100.0 * (last - base) / base, 2) if base else None}
+    return {"minutes": minutes, "samples": samples, "growth": growth}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--minutes", type=float, default=30.0)
+    ap.add_argument("--config", default=os.path.join(ROOT, "configs", "apex_dqn_cartpole.yaml"))
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "soak.json"))
+    args = ap.parse_args()
+    results = {"hardware": hardware(), "checkpoint": checkpoint_cost()}
+    print(results["checkpoint"], flush=True)
+    results.update(soak(args.config, args.minutes))
+    write_json(args.out, results)
+    print("| role | RSS after warm-up (MB) | RSS at end (MB) | growth |\n|---|---|---|---|")
+    for role, g in results["growth"].items():
+        print(f"| {role} | {g['rss_mb_after_warmup']} | {g['rss_mb_last']} | {g['growth_pct']}% |")
+
+
+if __name__ == "__main__":
+    main()
