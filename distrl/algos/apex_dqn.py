@@ -46,6 +46,15 @@ def worker_epsilon(cfg, worker_index: int, num_workers: int, env_steps: int) -> 
     return cfg.eps ** (1.0 + cfg.eps_alpha * worker_index / (num_workers - 1))
 
 
+def _numpy_layers(weights: Weights) -> dict:
+    """(W^T, b) pairs of the torso's Linear layers (Sequential indices 0, 2, ...) and the heads."""
+    pair = lambda name: (np.ascontiguousarray(weights[f"{name}.weight"].T, np.float32),  # noqa: E731
+                         np.asarray(weights[f"{name}.bias"], np.float32))
+    torso = sorted({int(k.split(".")[1]) for k in weights if k.startswith("torso.")})
+    return {"torso": [pair(f"torso.{i}") for i in torso], "adv": pair("advantage"),
+            "value": pair("value") if "value.weight" in weights else None}
+
+
 def _build_q(spec: EnvSpec, cfg) -> QNetwork:
     obs_dim = int(np.prod(spec.observation_space.shape))
     return QNetwork(obs_dim, int(spec.action_space.n), list(cfg.hidden), cfg.dueling)
@@ -60,6 +69,7 @@ class DQNPolicy(Policy):
         self.worker_index, self.num_workers = worker_index, num_workers
         self.rng = np.random.default_rng(seed)
         self.env_steps = 0
+        self._np = _numpy_layers(to_numpy_weights(self.q))
 
     @property
     def epsilon(self) -> float:
@@ -67,14 +77,25 @@ class DQNPolicy(Policy):
 
     def set_weights(self, weights: Weights, version: int) -> None:
         load_numpy_weights(self.q, weights)
+        self._np = _numpy_layers(weights)
         self.version = version
+
+    def q_values(self, obs: np.ndarray) -> np.ndarray:
+        """The Q-network in numpy: for a few dozen rows it is ~5x faster than torch's per-op overhead."""
+        h = np.asarray(obs, np.float32)
+        for w, b in self._np["torso"]:
+            h = np.maximum(h @ w + b, 0.0)
+        adv = h @ self._np["adv"][0] + self._np["adv"][1]
+        if self._np["value"] is None:
+            return adv
+        w, b = self._np["value"]
+        return (h @ w + b) + adv - adv.mean(axis=1, keepdims=True)
 
     def observe_steps(self, env_steps: int) -> None:
         self.env_steps = env_steps
 
     def act(self, obs: np.ndarray, explore: bool):
-        with torch.inference_mode():
-            q = self.q(torch.as_tensor(obs, dtype=torch.float32)).numpy()
+        q = self.q_values(obs)
         actions = q.argmax(axis=1)
         if explore:
             random = self.rng.random(len(obs)) < self.epsilon
@@ -91,8 +112,7 @@ class DQNPolicy(Policy):
         # Initial priority (Ape-X): |TD error| under this worker's own Q-values.
         q_taken = np.take_along_axis(traj.extras["q"].reshape(len(items["actions"]), -1),
                                      items["actions"].reshape(-1, 1).astype(np.int64), axis=1)[:, 0]
-        with torch.inference_mode():
-            q_next = self.q(torch.as_tensor(items["next_obs"])).numpy().max(axis=1)
+        q_next = self.q_values(items["next_obs"]).max(axis=1)
         td = items["rewards"] + items["discounts"] * q_next - q_taken
         return items, np.abs(td)
 
