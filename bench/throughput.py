@@ -64,7 +64,7 @@ def run(mode: str, workers: int, seconds: float, learn: bool) -> dict:
     run_dir = tempfile.mkdtemp(prefix=f"bench-{mode}-{workers}-")
     start = time.time()
     # stop.max_seconds counts from start-up: give start-up its own allowance.
-    summary = train(CONFIG, overrides=overrides + [f"stop.max_seconds={seconds + 15}"], run_dir=run_dir,
+    summary = train(CONFIG, overrides=overrides + [f"stop.max_seconds={seconds + 30}"], run_dir=run_dir,
                     start_time=start)
     rates = steady_rates(run_dir)
     wall = summary["wall_s"]
