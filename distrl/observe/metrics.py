@@ -21,7 +21,8 @@ def _fmt(v) -> str:
 
 
 class MetricsLogger:
-    def __init__(self, run_dir: str, tensorboard: bool, progress: bool, append: bool = False):
+    def __init__(self, run_dir: str, tensorboard: bool, progress: bool, append: bool = False,
+                 total_steps: int | None = None, initial_steps: int = 0):
         self.path = os.path.join(run_dir, "metrics.csv")
         append = append and os.path.exists(self.path)  # a resumed run continues the same file
         self._fh = open(self.path, "a" if append else "w", newline="")
@@ -29,8 +30,13 @@ class MetricsLogger:
         if not append:
             self._csv.writeheader()
         self._fh.flush()
-        self.progress = progress and sys.stderr.isatty()
-        self.progress_lines = progress and not self.progress  # plain lines when not a terminal
+        self.progress_lines = progress and not sys.stderr.isatty()  # plain lines when not a terminal
+        self._bar = None
+        if progress and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total_steps, unit=" steps", dynamic_ncols=True, leave=True,
+                             initial=initial_steps, desc="train")
         self._tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter  # heavy import: only when asked
@@ -46,18 +52,20 @@ class MetricsLogger:
                 v = row.get(k)
                 if v is not None and not (isinstance(v, float) and math.isnan(v)):
                     self._tb.add_scalar(k, v, step)
-        line = (f"{row['wall_s']:6.1f}s  steps {row['env_steps']:>8}  {_fmt(row['env_steps_per_s'])} steps/s  "
-                f"updates {row['updates']:>6} ({_fmt(row['updates_per_s'])}/s)  "
-                f"eval {_fmt(row.get('eval_return_mean'))}  lag {_fmt(row.get('policy_lag_mean'))}")
-        if self.progress:
-            sys.stderr.write("\r" + line + "\x1b[K")
-            sys.stderr.flush()
+        if self._bar is not None:
+            self._bar.update(row["env_steps"] - self._bar.n)
+            self._bar.set_postfix_str(
+                f"{_fmt(row['env_steps_per_s'])} steps/s, updates {row['updates']} ({_fmt(row['updates_per_s'])}/s), "
+                f"eval {_fmt(row.get('eval_return_mean'))}, lag {_fmt(row.get('policy_lag_mean'))}", refresh=True)
         elif self.progress_lines:
-            print(line, file=sys.stderr, flush=True)
+            print(f"{row['wall_s']:6.1f}s  steps {row['env_steps']:>8}  {_fmt(row['env_steps_per_s'])} steps/s  "
+                  f"updates {row['updates']:>6} ({_fmt(row['updates_per_s'])}/s)  "
+                  f"eval {_fmt(row.get('eval_return_mean'))}  lag {_fmt(row.get('policy_lag_mean'))}",
+                  file=sys.stderr, flush=True)
 
     def close(self) -> None:
-        if self.progress:
-            sys.stderr.write("\n")
+        if self._bar is not None:
+            self._bar.close()
         self._fh.close()
         if self._tb is not None:
             self._tb.close()

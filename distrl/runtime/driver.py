@@ -53,7 +53,8 @@ class Driver:
     def __init__(self, cfg: Config, roles, run_dir: str, start_time: float, counters: Counters | None = None):
         self.cfg, self.roles, self.run_dir, self.start = cfg, roles, run_dir, start_time
         self.c = counters or Counters()
-        self.logger = MetricsLogger(run_dir, cfg.log.tensorboard, cfg.log.progress, append=counters is not None)
+        self.logger = MetricsLogger(run_dir, cfg.log.tensorboard, cfg.log.progress, append=counters is not None,
+                                    total_steps=cfg.stop.max_env_steps, initial_steps=self.c.env_steps)
         self.checkpoint_s: list[float] = []
         self.last_checkpoint = time.time()
         self.stop_requested: str | None = None
