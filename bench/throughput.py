@@ -54,11 +54,11 @@ def bare_loop(processes: int, num_envs: int, seconds: float, env_id: str = "Cart
     return float(sum(rates))
 
 
-def run(mode: str, workers: int, seconds: float, learn: bool) -> dict:
+def run(mode: str, workers: int, seconds: float, learn: bool, extra: list[str] = ()) -> dict:
     from distrl import train
 
     overrides = [f"mode={mode}", f"workers={workers}", "eval.target_return=null", "log.progress=false",
-                 "log.tensorboard=false", "log.interval_s=0.5"]
+                 "log.tensorboard=false", "log.interval_s=0.5", *extra]
     if not learn:  # sampling only: learning never starts, so no learner competes for the cores
         overrides += ["replay.capacity=2000000", "replay.learning_starts=2000000", "eval.interval_s=1000"]
     run_dir = tempfile.mkdtemp(prefix=f"bench-{mode}-{workers}-")
@@ -83,19 +83,21 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=15.0)
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--modes", nargs="+", default=["single", "sync", "async"])
+    ap.add_argument("--set", dest="extra", action="append", default=[], help="config override, e.g. rollout.fragment_length=64")
+    ap.add_argument("--learn", choices=["both", "off", "on"], default="both", help="sampling-only runs, training runs, or both")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "throughput.json"))
     args = ap.parse_args()
     import yaml
 
     num_envs = yaml.safe_load(open(CONFIG))["env"]["num_envs"]
-    results = {"hardware": hardware(), "num_envs": num_envs, "bare": {}, "runs": []}
+    results = {"hardware": hardware(), "num_envs": num_envs, "overrides": args.extra, "bare": {}, "runs": []}
     for w in sorted(set(args.workers) | {1}):
         results["bare"][w] = round(bare_loop(w, num_envs, 5.0), 1)
         print(f"bare loop, {w} process(es) x {num_envs} envs: {results['bare'][w]:.0f} steps/s", flush=True)
     for mode in args.modes:
         for w in ([1] if mode == "single" else args.workers):
-            for learn in (False, True):
-                r = run(mode, w, args.seconds, learn)
+            for learn in {"both": (False, True), "off": (False,), "on": (True,)}[args.learn]:
+                r = run(mode, w, args.seconds, learn, args.extra)
                 if not learn:
                     r["overhead_ratio"] = round(r["env_steps_per_s"] / results["bare"][w], 3)
                 results["runs"].append(r)
