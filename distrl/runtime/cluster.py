@@ -29,8 +29,9 @@ def init_ray(address: str | None, workers: int) -> None:
     if address:
         ray.init(address=address, log_to_driver=True)
     else:
-        # Logical CPUs are scheduling tokens: one per worker and for the learner.
-        ray.init(address="local", num_cpus=max(workers + 2, os.cpu_count() or 1), include_dashboard=False,
+        # Embedded, we place every actor ourselves (they ask for no CPUs: see RayRoles), so one
+        # Ray instance serves runs of any worker count.
+        ray.init(address="local", num_cpus=os.cpu_count() or 1, include_dashboard=False,
                  _node_ip_address="127.0.0.1", log_to_driver=True,
                  configure_logging=False)
 
@@ -121,11 +122,14 @@ class RayRoles:
         self.replay_restarts = 0
         self.replay_pid = ray.get(self.replay.pid.remote())
         gpus = 1 if device.startswith("cuda") else 0
-        self.learner = Learner.options(num_cpus=1, num_gpus=gpus).remote(d, self.ps, self.replay, device)
+        # On a cluster each worker and the learner reserve a CPU, so Ray spreads them over nodes;
+        # embedded on one machine, reservations would only cap the worker count.
+        cpus = 1 if address else 0
+        self.learner = Learner.options(num_cpus=cpus, num_gpus=gpus).remote(d, self.ps, self.replay, device)
         self.evaluator = Evaluator.options(max_restarts=-1, max_task_retries=0).remote(d, self.ps, run_dir, start_time, eval_resume)
         # A dead worker process is restarted by Ray (same constructor args): it re-syncs its weights
         # on its first sample. Its in-flight fragment is lost and counted by the driver.
-        self.workers = [RolloutWorker.options(num_cpus=1, max_restarts=cfg.fault.max_worker_restarts + 1,
+        self.workers = [RolloutWorker.options(num_cpus=cpus, max_restarts=cfg.fault.max_worker_restarts + 1,
                                               max_task_retries=0).remote(d, i, cfg.workers, self.ps)
                         for i in range(cfg.workers)]
         ray.get(self.learner.publish_now.remote())  # version 0 exists before any worker acts
