@@ -73,38 +73,48 @@ class SyncGather:
 
 
 class AsyncGather:
-    """Workers run freely; take what finished within `window_s`, leave the rest running."""
+    """Workers run freely; take what finished within `window_s`, leave the rest running.
+
+    Each worker has `depth` sample calls queued, so it starts its next fragment the
+    moment it returns one instead of idling until the driver's next gather.
+    """
 
     waits_for_learner = False
 
-    def __init__(self, workers, window_s: float):
+    def __init__(self, workers, window_s: float, depth: int = 2):
         self.workers = workers
         self.window_s = window_s
+        self.depth = depth
         self.inflight: dict = {}  # info ref -> (worker index, data ref)
-        self.idle = list(range(len(workers)))
+        self.free = [depth] * len(workers)  # call slots each worker has open
+        self.held: set[int] = set()  # restarting workers get no calls until released
 
     def release(self, i: int) -> None:
-        self.idle.append(i)
+        self.held.discard(i)
+        self.free[i] = self.depth - sum(1 for j, _ in self.inflight.values() if j == i)
 
     def gather(self, allow_sampling: bool):
         if allow_sampling:  # workers back off while the learner catches up (update-to-data ratio)
-            for i in self.idle:
-                info_ref, data_ref = self.workers[i].sample.remote(False)
-                self.inflight[info_ref] = (i, data_ref)
-            self.idle = []
+            for i in range(len(self.workers)):
+                while self.free[i] > 0 and i not in self.held:
+                    info_ref, data_ref = self.workers[i].sample.remote(False)
+                    self.inflight[info_ref] = (i, data_ref)
+                    self.free[i] -= 1
         if not self.inflight:
             time.sleep(self.window_s)
             return [], [], {"ready": 0, "late": 0}
-        ready, late = ray.wait(list(self.inflight), num_returns=len(self.inflight), timeout=self.window_s)
+        ready, _ = ray.wait(list(self.inflight), num_returns=len(self.inflight), timeout=self.window_s)
         ok, failed = _collect(ready)
         out = []
         for ref, info in ok:
             i, data_ref = self.inflight.pop(ref)
-            self.idle.append(i)
+            self.free[i] += 1
             out.append((info, data_ref))
-        # Failed workers are neither idle nor in flight until RayRoles releases them.
-        failed_workers = [(self.inflight.pop(ref)[0], e) for ref, e in failed]
-        return out, failed_workers, {"ready": len(ok), "late": len(late)}
+        failed_calls = [(self.inflight.pop(ref)[0], e) for ref, e in failed]
+        self.held.update(i for i, _ in failed_calls)
+        busy = {i for i, _ in self.inflight.values()}
+        done = {info.worker for _, info in ok}
+        return out, failed_calls, {"ready": len(done), "late": len(busy - done)}
 
 
 class RayRoles:
@@ -150,7 +160,9 @@ class RayRoles:
     def gather(self, allow_sampling: bool) -> tuple[list[FragmentInfo], dict]:
         self._release_restarted()
         pairs, failed, counts = self.gatherer.gather(allow_sampling)
-        for i, err in failed:
+        for i, err in dict(failed).items():  # one restart per worker, however many calls failed
+            if i in self.restarting:
+                continue
             if not isinstance(err, ACTOR_GONE):
                 # An exception in the worker leaves the process alive but suspect: restart it fresh.
                 ray.kill(self.workers[i], no_restart=False)
