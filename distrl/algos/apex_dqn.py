@@ -15,8 +15,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from distrl.algos.common import adam, as_tensors, load_numpy_weights, mlp, spec_problem, to_numpy_weights
-from distrl.core import Algorithm, Batch, EnvSpec, Learner, Policy, Trajectory, Weights
+from distrl.algos.common import (ReplayAlgorithm, adam, as_tensors, load_numpy_weights, mlp,
+                                 to_numpy_weights)
+from distrl.core import Batch, EnvSpec, Learner, Policy, Trajectory, Weights
 from distrl.replay import nstep_transitions
 
 
@@ -176,20 +177,10 @@ class DQNLearner(Learner):
         self.updates = int(state["updates"])
 
 
-class ApexDQN(Algorithm):
+class ApexDQN(ReplayAlgorithm):
     name = "apex_dqn"
-
-    @classmethod
-    def check_spec(cls, spec: EnvSpec) -> str | None:
-        return spec_problem("apex_dqn", spec, discrete=True, box=False)
-
-    def make_policy(self, worker_index: int, num_workers: int) -> DQNPolicy:
-        seed = self.cfg.seed + 1000 + worker_index
-        return DQNPolicy(self.spec, self.cfg.apex_dqn, worker_index, num_workers, seed)
-
-    def make_learner(self, device: str) -> DQNLearner:
-        torch.manual_seed(self.cfg.seed)
-        return DQNLearner(self.spec, self.cfg.apex_dqn, device)
+    policy_cls, learner_cls = DQNPolicy, DQNLearner
+    discrete, box = True, False
 
 
 ALGORITHM = ApexDQN

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from distrl.core import Weights
+from distrl.core import Algorithm, Weights
 
 
 class BoxScaler:
@@ -43,6 +43,27 @@ def spec_problem(name: str, spec, discrete: bool, box: bool) -> str | None:
     if not isinstance(obs, spaces.Box) or len(obs.shape) != 1:
         return f"{name} needs a flat Box observation space, the env has {obs}"
     return None
+
+
+class ReplayAlgorithm(Algorithm):
+    """An off-policy algorithm: its policy and learner are built from the config section `cfg.<name>`."""
+
+    policy_cls: type
+    learner_cls: type
+    discrete = False  # action spaces it takes
+    box = False
+
+    @classmethod
+    def check_spec(cls, spec) -> str | None:
+        return spec_problem(cls.name, spec, discrete=cls.discrete, box=cls.box)
+
+    def make_policy(self, worker_index: int, num_workers: int):
+        seed = self.cfg.seed + 1000 + worker_index  # evaluator (-1) and each worker differ
+        return self.policy_cls(self.spec, getattr(self.cfg, self.name), worker_index, num_workers, seed)
+
+    def make_learner(self, device: str):
+        torch.manual_seed(self.cfg.seed)
+        return self.learner_cls(self.spec, getattr(self.cfg, self.name), device)
 
 
 def mlp(sizes: list[int], activation=nn.ReLU, last_activation: bool = True) -> nn.Sequential:

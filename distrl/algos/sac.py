@@ -17,9 +17,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from distrl.algos.common import (BoxScaler, adam, as_tensors, load_numpy_weights, mlp, spec_problem,
+from distrl.algos.common import (BoxScaler, ReplayAlgorithm, adam, as_tensors, load_numpy_weights, mlp,
                                  to_numpy_weights)
-from distrl.core import Algorithm, Batch, EnvSpec, Learner, Policy, Trajectory, Weights
+from distrl.core import Batch, EnvSpec, Learner, Policy, Trajectory, Weights
 from distrl.replay import nstep_transitions
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
@@ -238,20 +238,10 @@ class SACLearner(Learner):
         self.updates = int(state["updates"])
 
 
-class SAC(Algorithm):
+class SAC(ReplayAlgorithm):
     name = "sac"
-
-    @classmethod
-    def check_spec(cls, spec: EnvSpec) -> str | None:
-        return spec_problem("sac", spec, discrete=False, box=True)
-
-    def make_policy(self, worker_index: int, num_workers: int) -> SACPolicy:
-        seed = self.cfg.seed + 1000 + worker_index
-        return SACPolicy(self.spec, self.cfg.sac, worker_index, num_workers, seed)
-
-    def make_learner(self, device: str) -> SACLearner:
-        torch.manual_seed(self.cfg.seed)
-        return SACLearner(self.spec, self.cfg.sac, device)
+    policy_cls, learner_cls = SACPolicy, SACLearner
+    discrete, box = False, True
 
 
 ALGORITHM = SAC

@@ -196,7 +196,21 @@ class Driver:
         self.c.loss_sum, self.c.loss_n = 0.0, 0
         self.last_log, self.last_log_steps, self.last_log_updates = now, self.c.env_steps, self.c.updates
 
+    def _catch_up(self) -> None:
+        """At an env-step stop, let the learner finish the updates this data is owed,
+        so the update-to-data ratio holds exactly at the end of the run too."""
+        deadline = time.time() + 120
+        while time.time() < deadline and not self.learner_starved:
+            inflight = getattr(self.roles, "updates_in_flight", lambda: 0)()
+            if self.update_budget() <= 0 and inflight == 0:
+                return
+            for stats in self.roles.train(self.update_budget()):
+                self._count_training(stats)
+            time.sleep(0.002)
+
     def _finish(self, reason: str) -> dict:
+        if reason == "max_env_steps":
+            self._catch_up()
         getattr(self.roles, "sync_counters", lambda: None)()
         self.c.worker_restarts = getattr(self.roles, "restarts", 0)
         for stats in self.roles.train(0, final=True):
