@@ -8,6 +8,14 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.fixture(autouse=True, scope="session")
+def one_torch_thread():
+    """Small nets on a 2-core machine: intra-op threads only add contention (as in every role)."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
 @pytest.fixture(scope="session")
 def ray_session():
     from distrl.runtime.cluster import init_ray

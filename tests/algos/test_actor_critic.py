@@ -14,15 +14,6 @@ from distrl.core import EnvSpec, Trajectory
 from distrl.envs import env_spec
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # Small nets on a shared 2-core machine: intra-op threads only add contention.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def make_policy(env_id, worker=0, **over):
     overrides = ["algo=ppo", "ppo.hidden=[16, 16]"] + [f"ppo.{k}={v}" for k, v in over.items()]
     algo = PPO(load_config(None, overrides), env_spec(env_id))

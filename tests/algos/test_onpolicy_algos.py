@@ -16,15 +16,6 @@ from distrl.rollout import Rollout
 T, E = 8, 4
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # Small nets on a shared 2-core machine: intra-op threads only add contention.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def make(algo, env="CartPole-v1", *overrides):
     cfg = load_config(None, [f"algo={algo}", f"{algo}.hidden=[16, 16]", *overrides])
     return get_algorithm_class(algo)(cfg, env_spec(env))
