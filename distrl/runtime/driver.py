@@ -34,7 +34,7 @@ class Counters:
     version: int = 0
     recent_returns: list = field(default_factory=list)
     lags: list = field(default_factory=list)
-    all_lags: list = field(default_factory=list)
+    all_lags: "Reservoir" = field(default_factory=lambda: Reservoir())
     loss_sum: float = 0.0
     loss_n: int = 0
     ready: list = field(default_factory=list)
@@ -43,6 +43,28 @@ class Counters:
     best_eval: float = -math.inf
     solved_at: float | None = None
     evaluations: list = field(default_factory=list)
+
+
+class Reservoir:
+    """A uniform sample of at most `size` values from a stream (Vitter's algorithm R).
+
+    Run-long lag percentiles from bounded memory: a plain list grew by every update.
+    """
+
+    def __init__(self, size: int = 20_000, seed: int = 0):
+        self.buf = np.empty(size)
+        self.seen = 0
+        self.rng = np.random.default_rng(seed)
+
+    def extend(self, xs) -> None:
+        for x in xs:
+            slot = self.seen if self.seen < len(self.buf) else int(self.rng.integers(0, self.seen + 1))
+            if slot < len(self.buf):
+                self.buf[slot] = x
+            self.seen += 1
+
+    def values(self) -> np.ndarray:
+        return self.buf[:min(self.seen, len(self.buf))]
 
 
 def _mean(xs) -> float | None:
@@ -223,7 +245,7 @@ class Driver:
         self._log_row()
         persist.save(self)  # every stop leaves a resumable run (SIGTERM/SIGINT included)
         wall = time.time() - self.start
-        lags = np.asarray(self.c.all_lags) if self.c.all_lags else np.zeros(1)
+        lags = self.c.all_lags.values() if self.c.all_lags.seen else np.zeros(1)
         cfg = self.cfg
         summary = {
             "algo": cfg.algo, "env": cfg.env.id, "mode": cfg.mode,
