@@ -21,26 +21,19 @@ from distrl.runtime.actors import Evaluator, Learner, ParameterServer, ReplaySer
 from distrl.runtime.local import resolve_device
 
 
-# glibc raises its mmap threshold after each large free, after which the learner's
-# per-block arrays fragment the heap: RSS grew ~20 MB/min in a 30-minute soak.
-# A fixed threshold keeps big arrays in mmap and RSS flat (bench/RESULTS.md, soak).
-ACTOR_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}
-
-
 def init_ray(address: str | None, workers: int) -> None:
     """Join `address`, or start Ray embedded: loopback only, no dashboard."""
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    runtime_env = {"env_vars": ACTOR_ENV}
     if address:
-        ray.init(address=address, log_to_driver=True, runtime_env=runtime_env)
+        ray.init(address=address, log_to_driver=True)
     else:
         # Embedded, we place every actor ourselves (they ask for no CPUs: see RayRoles), so one
         # Ray instance serves runs of any worker count.
         ray.init(address="local", num_cpus=os.cpu_count() or 1, include_dashboard=False,
                  _node_ip_address="127.0.0.1", log_to_driver=True,
-                 configure_logging=False, runtime_env=runtime_env)
+                 configure_logging=False)
 
 
 def _collect(refs: list) -> tuple[list, list]:
