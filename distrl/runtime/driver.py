@@ -18,33 +18,6 @@ from distrl.observe import MetricsLogger
 from distrl.runtime import persist
 
 
-@dataclass
-class Counters:
-    """Everything the driver counts; one metrics.csv row is a snapshot of this."""
-
-    env_steps: int = 0
-    updates: int = 0
-    consumed: int = 0  # batches the learner took (updates + dropped stale gradients)
-    dropped: int = 0
-    worker_restarts: int = 0
-    fragments_dropped: int = 0
-    env_errors: int = 0
-    episodes: int = 0
-    fragments: int = 0
-    version: int = 0
-    recent_returns: list = field(default_factory=list)
-    lags: list = field(default_factory=list)
-    all_lags: "Reservoir" = field(default_factory=lambda: Reservoir())
-    loss_sum: float = 0.0
-    loss_n: int = 0
-    ready: list = field(default_factory=list)
-    late: list = field(default_factory=list)
-    eval_last: dict | None = None
-    best_eval: float = -math.inf
-    solved_at: float | None = None
-    evaluations: list = field(default_factory=list)
-
-
 class Reservoir:
     """A uniform sample of at most `size` values from a stream (Vitter's algorithm R).
 
@@ -65,6 +38,33 @@ class Reservoir:
 
     def values(self) -> np.ndarray:
         return self.buf[:min(self.seen, len(self.buf))]
+
+
+@dataclass
+class Counters:
+    """Everything the driver counts; one metrics.csv row is a snapshot of this."""
+
+    env_steps: int = 0
+    updates: int = 0
+    consumed: int = 0  # batches the learner took (updates + dropped stale gradients)
+    dropped: int = 0
+    worker_restarts: int = 0
+    fragments_dropped: int = 0
+    env_errors: int = 0
+    episodes: int = 0
+    fragments: int = 0
+    version: int = 0
+    recent_returns: list = field(default_factory=list)
+    lags: list = field(default_factory=list)
+    all_lags: Reservoir = field(default_factory=Reservoir)
+    loss_sum: float = 0.0
+    loss_n: int = 0
+    ready: list = field(default_factory=list)
+    late: list = field(default_factory=list)
+    eval_last: dict | None = None
+    best_eval: float = -math.inf
+    solved_at: float | None = None
+    evaluations: list = field(default_factory=list)
 
 
 def _mean(xs) -> float | None:
