@@ -18,8 +18,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from distrl.algos.common import (BoxScaler, adam, as_tensors, load_numpy_weights, mlp, spec_problem,
-                                 to_numpy_weights)
+from distrl.algos.common import (BoxScaler, adam, as_tensors, load_numpy_weights, mlp, numpy_linear,
+                                 numpy_mlp, numpy_sequential, spec_problem, to_numpy_weights)
 from distrl.core import Algorithm, Batch, EnvSpec, Learner, Policy, Trajectory, Weights
 
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
@@ -36,11 +36,6 @@ class Categorical:
     def entropy(self) -> torch.Tensor:
         return -(self.logp_all.exp() * self.logp_all).sum(-1)
 
-    def sample(self, gen: torch.Generator | None = None) -> torch.Tensor:
-        return torch.multinomial(self.logp_all.exp(), 1, generator=gen).squeeze(-1)
-
-    def mode(self) -> torch.Tensor:
-        return self.logp_all.argmax(-1)
 
 
 class DiagGaussian:
@@ -54,12 +49,6 @@ class DiagGaussian:
     def entropy(self) -> torch.Tensor:
         return (self.log_std + 0.5 + _HALF_LOG_2PI).sum(-1)
 
-    def sample(self, gen: torch.Generator | None = None) -> torch.Tensor:
-        noise = torch.randn(self.mean.shape, generator=gen, dtype=self.mean.dtype)
-        return self.mean + self.log_std.exp() * noise.to(self.mean.device)
-
-    def mode(self) -> torch.Tensor:
-        return self.mean
 
 
 # --- network ----------------------------------------------------------------------
@@ -106,9 +95,50 @@ def build_net(spec: EnvSpec, cfg) -> ActorCriticNet:
     return ActorCriticNet(obs_dim, out_dim, list(cfg.hidden), cfg.shared_torso, box)
 
 
+# --- numpy acting (the same maths as the torch net and distributions above) ------------
+def numpy_net(weights: Weights) -> dict:
+    return {"pi_torso": numpy_sequential(weights, "pi_torso"),
+            "v_torso": numpy_sequential(weights, "v_torso") if "v_torso.0.weight" in weights else None,
+            "pi_head": numpy_linear(weights, "pi_head"), "v_head": numpy_linear(weights, "v_head"),
+            "log_std": np.asarray(weights["log_std"], np.float32) if "log_std" in weights else None}
+
+
+def numpy_forward(layers: dict, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(policy head output, V(obs)) of ActorCriticNet, in float32 numpy."""
+    h = numpy_mlp(layers["pi_torso"], obs, np.tanh)
+    hv = h if layers["v_torso"] is None else numpy_mlp(layers["v_torso"], obs, np.tanh)
+    (wp, bp), (wv, bv) = layers["pi_head"], layers["v_head"]
+    return h @ wp + bp, (hv @ wv + bv)[:, 0]
+
+
+def categorical_act(logits: np.ndarray, rng: np.random.Generator | None) -> tuple[np.ndarray, np.ndarray]:
+    """Sampled (rng given) or greedy actions and their log-probs."""
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    logp_all = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    if rng is None:
+        a = logp_all.argmax(axis=1)
+    else:  # inverse CDF: one uniform per row
+        cdf = np.exp(logp_all).cumsum(axis=1)
+        a = np.minimum((cdf < rng.random((len(cdf), 1)) * cdf[:, -1:]).sum(axis=1), cdf.shape[1] - 1)
+    return a, logp_all[np.arange(len(a)), a].astype(np.float32)
+
+
+def gaussian_act(mean: np.ndarray, log_std: np.ndarray, rng: np.random.Generator | None
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Sampled (rng given) or mean actions in the normalised space, and their log-probs."""
+    noise = rng.standard_normal(mean.shape).astype(np.float32) if rng is not None else np.zeros_like(mean)
+    a = mean + np.exp(log_std) * noise
+    logp = -(0.5 * noise * noise + log_std + _HALF_LOG_2PI).sum(axis=1)
+    return a.astype(np.float32), logp.astype(np.float32)
+
+
 # --- policy -----------------------------------------------------------------------
 class ActorCriticPolicy(Policy):
-    """Samples (explore) or takes the mode (evaluator); extras: logp, value (+ raw_action for Box)."""
+    """Samples (explore) or takes the mode (evaluator); extras: logp, value (+ raw_action for Box).
+
+    Acting runs the net in numpy: for a few dozen rows torch's per-op overhead
+    makes it ~3x slower. `self.net` stays loaded for subclasses that need autograd (A3C).
+    """
 
     def __init__(self, spec: EnvSpec, cfg, worker_index: int, seed: int):
         from gymnasium import spaces
@@ -118,21 +148,21 @@ class ActorCriticPolicy(Policy):
         self.net.eval()
         self.box = BoxScaler(spec.action_space) if isinstance(spec.action_space, spaces.Box) else None
         self.worker_index = worker_index
-        self.gen = torch.Generator().manual_seed(seed)
+        self.rng = np.random.default_rng(seed)  # saved with the worker's state at checkpoints
+        self._np = numpy_net(to_numpy_weights(self.net))
 
     def set_weights(self, weights: Weights, version: int) -> None:
         load_numpy_weights(self.net, weights)
+        self._np = numpy_net(weights)
         self.version = version
 
     def act(self, obs: np.ndarray, explore: bool):
-        with torch.inference_mode():
-            dist, value = self.net(torch.as_tensor(obs, dtype=torch.float32).reshape(len(obs), -1))
-            a = dist.sample(self.gen) if explore else dist.mode()
-            extras = {"logp": dist.log_prob(a).numpy(), "value": value.numpy()}
+        out, value = numpy_forward(self._np, np.asarray(obs, np.float32).reshape(len(obs), -1))
         if self.box is None:
-            return a.numpy(), extras
-        extras["raw_action"] = a.numpy()
-        return self.box.to_env(a.numpy()), extras
+            a, logp = categorical_act(out, self.rng if explore else None)
+            return a, {"logp": logp, "value": value}
+        a, logp = gaussian_act(out, self._np["log_std"], self.rng if explore else None)
+        return self.box.to_env(a), {"logp": logp, "value": value, "raw_action": a}
 
     def postprocess(self, traj: Trajectory) -> tuple[Batch, None]:
         actions = traj.extras.get("raw_action", traj.actions)

@@ -15,8 +15,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from distrl.algos.common import (ReplayAlgorithm, adam, as_tensors, load_numpy_weights, mlp,
-                                 to_numpy_weights)
+from distrl.algos.common import (ReplayAlgorithm, adam, as_tensors, load_numpy_weights, mlp, numpy_linear,
+                                 numpy_mlp, numpy_relu, numpy_sequential, to_numpy_weights)
 from distrl.core import Batch, EnvSpec, Learner, Policy, Trajectory, Weights
 from distrl.replay import nstep_transitions
 
@@ -48,12 +48,9 @@ def worker_epsilon(cfg, worker_index: int, num_workers: int, env_steps: int) -> 
 
 
 def _numpy_layers(weights: Weights) -> dict:
-    """(W^T, b) pairs of the torso's Linear layers (Sequential indices 0, 2, ...) and the heads."""
-    pair = lambda name: (np.ascontiguousarray(weights[f"{name}.weight"].T, np.float32),  # noqa: E731
-                         np.asarray(weights[f"{name}.bias"], np.float32))
-    torso = sorted({int(k.split(".")[1]) for k in weights if k.startswith("torso.")})
-    return {"torso": [pair(f"torso.{i}") for i in torso], "adv": pair("advantage"),
-            "value": pair("value") if "value.weight" in weights else None}
+    """(W^T, b) pairs of the torso's Linear layers and of the heads."""
+    return {"torso": numpy_sequential(weights, "torso"), "adv": numpy_linear(weights, "advantage"),
+            "value": numpy_linear(weights, "value") if "value.weight" in weights else None}
 
 
 def _build_q(spec: EnvSpec, cfg) -> QNetwork:
@@ -83,9 +80,7 @@ class DQNPolicy(Policy):
 
     def q_values(self, obs: np.ndarray) -> np.ndarray:
         """The Q-network in numpy: for a few dozen rows it is ~5x faster than torch's per-op overhead."""
-        h = np.asarray(obs, np.float32)
-        for w, b in self._np["torso"]:
-            h = np.maximum(h @ w + b, 0.0)
+        h = numpy_mlp(self._np["torso"], np.asarray(obs, np.float32), numpy_relu)
         adv = h @ self._np["adv"][0] + self._np["adv"][1]
         if self._np["value"] is None:
             return adv

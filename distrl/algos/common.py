@@ -79,6 +79,29 @@ def to_numpy_weights(module: nn.Module) -> Weights:
     return {k: v.detach().cpu().numpy().copy() for k, v in module.state_dict().items()}
 
 
+def numpy_linear(weights: Weights, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """(W^T, b) of the Linear layer `name`, ready for `x @ W^T + b` in float32."""
+    return (np.ascontiguousarray(np.asarray(weights[f"{name}.weight"], np.float32).T),
+            np.asarray(weights[f"{name}.bias"], np.float32))
+
+
+def numpy_sequential(weights: Weights, prefix: str) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(W^T, b) of every Linear in the nn.Sequential `prefix` (from `mlp`), in order."""
+    indices = sorted({int(k.split(".")[1]) for k in weights if k.startswith(prefix + ".")})
+    return [numpy_linear(weights, f"{prefix}.{i}") for i in indices]
+
+
+def numpy_relu(x: np.ndarray) -> np.ndarray:
+    return np.maximum(x, 0.0)
+
+
+def numpy_mlp(layers: list[tuple[np.ndarray, np.ndarray]], x: np.ndarray, activation) -> np.ndarray:
+    """Apply `activation` after every layer: the torso of `mlp(..., last_activation=True)`."""
+    for w, b in layers:
+        x = activation(x @ w + b)
+    return x
+
+
 def load_numpy_weights(module: nn.Module, weights: Weights) -> None:
     module.load_state_dict({k: torch.as_tensor(v) for k, v in weights.items()})
 

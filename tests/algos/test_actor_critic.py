@@ -7,7 +7,7 @@ import torch
 
 from distrl.algos.common import BoxScaler as BoxMap
 from distrl.algos.actor_critic import (ActorCriticAlgorithm, Categorical, DiagGaussian,
-                                       actor_critic_loss)
+                                       actor_critic_loss, categorical_act, gaussian_act)
 from distrl.algos.ppo import PPO
 from distrl.config import load_config
 from distrl.core import EnvSpec, Trajectory
@@ -32,7 +32,9 @@ def test_categorical_log_prob_and_entropy_by_hand():
                                np.log(p[np.arange(2), actions]), rtol=1e-6)
     np.testing.assert_allclose(dist.entropy().numpy(), -(p * np.log(p)).sum(1), rtol=1e-6)
     assert dist.entropy()[1].item() == pytest.approx(math.log(3))
-    np.testing.assert_array_equal(dist.mode().numpy()[:1], [2])
+    greedy, logp = categorical_act(logits, None)
+    np.testing.assert_array_equal(greedy[:1], [2])
+    np.testing.assert_allclose(logp[:1], np.log(p[0, 2]), rtol=1e-6)
     ref = torch.distributions.Categorical(logits=torch.as_tensor(logits))
     np.testing.assert_allclose(dist.entropy().numpy(), ref.entropy().numpy(), rtol=1e-6)
 
@@ -52,10 +54,36 @@ def test_diag_gaussian_log_prob_and_entropy_by_hand():
                                ref.log_prob(torch.as_tensor(a)).sum(1).numpy(), rtol=1e-5)
 
 
-def test_gaussian_samples_have_the_right_moments():
-    dist = DiagGaussian(torch.full((20000, 1), 0.5), torch.tensor([math.log(0.2)]))
-    x = dist.sample(torch.Generator().manual_seed(0)).numpy()
+def test_gaussian_samples_have_the_right_moments_and_log_probs():
+    mean, log_std = np.full((20000, 1), 0.5, np.float32), np.array([math.log(0.2)], np.float32)
+    x, logp = gaussian_act(mean, log_std, np.random.default_rng(0))
     assert abs(x.mean() - 0.5) < 0.01 and abs(x.std() - 0.2) < 0.01
+    ref = DiagGaussian(torch.as_tensor(mean), torch.as_tensor(log_std)).log_prob(torch.as_tensor(x))
+    np.testing.assert_allclose(logp, ref.numpy(), rtol=1e-4, atol=1e-5)
+    greedy, _ = gaussian_act(mean[:3], log_std, None)
+    np.testing.assert_array_equal(greedy, mean[:3])
+
+
+def test_categorical_samples_follow_the_probabilities():
+    logits = np.tile(np.log(np.array([[0.1, 0.6, 0.3]], np.float32)), (30000, 1))
+    a, logp = categorical_act(logits, np.random.default_rng(0))
+    np.testing.assert_allclose(np.bincount(a, minlength=3) / len(a), [0.1, 0.6, 0.3], atol=0.01)
+    np.testing.assert_allclose(logp, np.log([0.1, 0.6, 0.3])[a], rtol=1e-5)
+
+
+@pytest.mark.parametrize("env_id, shared", [("CartPole-v1", False), ("CartPole-v1", True), ("Pendulum-v1", False)])
+def test_numpy_acting_matches_the_torch_net(env_id, shared):
+    policy = make_policy(env_id, shared_torso=str(shared).lower())
+    with torch.no_grad():
+        for p in policy.net.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    policy.set_weights({k: v.numpy() for k, v in policy.net.state_dict().items()}, 1)
+    obs = np.random.default_rng(1).normal(size=(7, policy.net.pi_torso[0].in_features)).astype(np.float32)
+    a, extras = policy.act(obs, explore=True)
+    stored = torch.as_tensor(extras.get("raw_action", a))
+    logp, _, value = policy.net.evaluate(torch.as_tensor(obs), stored)
+    np.testing.assert_allclose(extras["logp"], logp.detach().numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(extras["value"], value.detach().numpy(), rtol=1e-4, atol=1e-5)
 
 
 def test_box_map_scales_and_clips():
@@ -67,8 +95,9 @@ def test_box_map_scales_and_clips():
 
 def test_box_policy_greedy_is_deterministic_and_in_bounds():
     policy = make_policy("Pendulum-v1")
-    with torch.no_grad():  # push the mean far outside the bounds
-        policy.net.pi_head.bias.fill_(3.0)
+    weights = {k: v.numpy().copy() for k, v in policy.net.state_dict().items()}
+    weights["pi_head.bias"][:] = 3.0  # push the mean far outside the bounds
+    policy.set_weights(weights, 1)
     obs = np.random.default_rng(0).normal(size=(6, 3)).astype(np.float32)
     a1, ex1 = policy.act(obs, explore=False)
     a2, _ = policy.act(obs, explore=False)
@@ -104,7 +133,7 @@ def test_discrete_policy_greedy_is_argmax_and_sampling_is_seeded():
     with torch.no_grad():
         dist, value = policy.net(torch.as_tensor(obs))
     np.testing.assert_array_equal(a, dist.logp_all.argmax(1).numpy())
-    np.testing.assert_allclose(ex["value"], value.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(ex["value"], value.numpy(), rtol=1e-5, atol=1e-6)  # numpy vs torch matmul rounding
     s1, _ = make_policy("CartPole-v1").act(obs, explore=True)
     s2, _ = make_policy("CartPole-v1").act(obs, explore=True)
     np.testing.assert_array_equal(s1, s2)

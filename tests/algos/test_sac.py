@@ -177,6 +177,22 @@ def test_greedy_actions_deterministic_and_evaluator_never_random():
     np.testing.assert_allclose(a1, 2.0 * np.tanh(mean.numpy()), rtol=1e-5, atol=1e-6)
 
 
+def test_numpy_acting_matches_the_torch_actor():
+    algo = _algo(ASYM)
+    policy = algo.make_policy(0, 1)
+    learner = algo.make_learner("cpu")
+    with torch.no_grad():
+        for p in learner.actor.parameters():
+            p.add_(torch.randn_like(p))  # log-stds away from the middle of their range
+    policy.set_weights(learner.get_weights(), 1)
+    obs = np.random.default_rng(3).standard_normal((9, 4)).astype(np.float32)
+    mean, log_std = policy.mean_log_std(obs)
+    with torch.no_grad():
+        ref_mean, ref_log_std = learner.actor(torch.as_tensor(obs))
+    np.testing.assert_allclose(mean, ref_mean.numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(log_std, ref_log_std.numpy(), rtol=1e-4, atol=1e-5)
+
+
 def test_check_spec():
     assert SAC.check_spec(PENDULUM) is None
     assert SAC.check_spec(ASYM) is None
