@@ -28,6 +28,7 @@ class HeapTrimmer:
     arrays then live on the heap, and the pages they free stay resident: the
     learner's RSS grew ~20 MB a minute in the soak. malloc_trim releases them for
     ~1 ms; a fixed low mmap threshold also worked but made SAC updates 1.5x slower.
+    The fallback for when jemalloc is not preloaded (see `heap_runtime_env`).
     """
 
     def __init__(self, interval_s: float = 5.0):
@@ -36,6 +37,8 @@ class HeapTrimmer:
         try:
             self._trim = ctypes.CDLL("libc.so.6").malloc_trim
         except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to do
+            self._trim = None
+        if "jemalloc" in os.environ.get("LD_PRELOAD", ""):  # glibc's heap is not in use
             self._trim = None
         self.interval_s, self.last = interval_s, time.monotonic()
 
@@ -226,6 +229,9 @@ class Learner:
         self.on_policy = data_path(cfg.algo) != "replay"
         self.publish_interval = 1 if self.on_policy else cfg.learner.publish_interval
         self.trimmer = HeapTrimmer()
+
+    def pid(self) -> int:
+        return os.getpid()
 
     def publish(self) -> int:
         self.version = self.learner.updates
