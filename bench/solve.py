@@ -53,7 +53,8 @@ def main() -> None:
     args = ap.parse_args()
     stem = os.path.splitext(os.path.basename(args.config))[0]
     out = args.out or os.path.join(ROOT, "bench", "results", f"solve_{stem}.json")
-    results = {"hardware": hardware(), "config": os.path.relpath(args.config, ROOT), "runs": [], "median": {}}
+    results = {"hardware": hardware(), "config": os.path.relpath(args.config, ROOT), "overrides": args.extra,
+               "runs": [], "median": {}}
     for mode in args.modes:
         for seed in args.seeds:
             r = solve_once(args.config, mode, seed, args.workers, args.max_seconds, args.extra)
