@@ -48,6 +48,10 @@ class HeapTrimmer:
             self.last = time.monotonic()
 
 
+# Every actor is created with enable_task_events=False: Ray would otherwise record and ship to
+# the GCS a status event per call (hundreds per second here) for the dashboard we never start.
+
+
 def _algorithm(cfg_dict: dict):
     from distrl.runtime.local import build_algorithm
 
@@ -55,7 +59,7 @@ def _algorithm(cfg_dict: dict):
     return cfg, build_algorithm(cfg)
 
 
-@ray.remote(num_cpus=0)
+@ray.remote(num_cpus=0, enable_task_events=False)
 class ParameterServer:
     """Newest weights and their version. Holds an ObjectRef, so weights are serialised once."""
 
@@ -98,7 +102,7 @@ class ParameterServer:
         return self.version
 
 
-@ray.remote(num_cpus=0)
+@ray.remote(num_cpus=0, enable_task_events=False)
 class ReplayServer:
     """Experience store: prioritized/uniform replay, or the on-policy trajectory FIFO."""
 
@@ -154,7 +158,7 @@ class ReplayServer:
         self.store.load_state_dict(state)
 
 
-@ray.remote
+@ray.remote(enable_task_events=False)
 class RolloutWorker:
     """Steps `env.num_envs` envs with batched inference; one fragment per `sample` call."""
 
@@ -210,7 +214,7 @@ class RolloutWorker:
         self.rollout.set_state(state)
 
 
-@ray.remote
+@ray.remote(enable_task_events=False)
 class Learner:
     """The only optimizer.step(). Prefetches its next block of batches while it trains."""
 
@@ -297,7 +301,7 @@ class Learner:
         return stats
 
 
-@ray.remote(num_cpus=0)
+@ray.remote(num_cpus=0, enable_task_events=False)
 class Evaluator:
     """Plays greedy episodes with the newest published weights; keeps the best checkpoint."""
 
