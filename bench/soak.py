@@ -2,8 +2,12 @@
 
     python -m bench.soak [--minutes 30] [--config configs/apex_dqn_cartpole.yaml]
 
-Growth per role = (last RSS - RSS after warm-up) / RSS after warm-up, warm-up
-being the first quarter of the run (the replay fills, allocators settle).
+Growth per role = (last - after warm-up) / after warm-up, warm-up being the
+first quarter of the run (the replay fills, allocators settle). Reported for
+RSS and for its two moving parts: private memory (RssAnon: the process's own
+heap, where a leak shows) and shared object-store pages (RssShmem: pages of
+Ray's plasma arena the process has touched, owned by the object store and
+bounded by its size).
 """
 from __future__ import annotations
 
@@ -22,14 +26,25 @@ from bench.common import ROOT, hardware, write_json
 ROLES = ("RolloutWorker", "Learner", "ReplayServer", "ParameterServer", "Evaluator")
 
 
-def rss_mb(pid: int) -> float | None:
+KINDS = {"VmRSS:": "rss", "RssAnon:": "private", "RssShmem:": "shared"}
+
+
+def memory_mb(pid: int) -> dict[str, float]:
+    """RSS, private (anonymous) and shared-memory resident MB of one process; zeros if it is gone."""
+    out = dict.fromkeys(KINDS.values(), 0.0)
     try:
         for line in open(f"/proc/{pid}/status"):
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024.0
+            key = line.split(":", 1)[0] + ":"
+            if key in KINDS:
+                out[KINDS[key]] = int(line.split()[1]) / 1024.0
     except OSError:
-        return None
-    return None
+        pass
+    return out
+
+
+def total_mb(pids: list[int]) -> dict[str, float]:
+    per_pid = [memory_mb(p) for p in pids]
+    return {kind: round(sum(m[kind] for m in per_pid), 1) for kind in KINDS.values()}
 
 
 def role_pids() -> dict[str, list[int]]:
@@ -80,8 +95,8 @@ def soak(config: str, minutes: float, interval_s: float = 10.0) -> dict:
         while time.time() - t_start < minutes * 60 and proc.poll() is None:
             time.sleep(interval_s)
             pids = role_pids()
-            row = {role: sum(filter(None, (rss_mb(p) for p in ps))) for role, ps in pids.items()}
-            row["driver"] = rss_mb(proc.pid) or 0.0
+            row = {role: total_mb(ps) for role, ps in pids.items()}
+            row["driver"] = total_mb([proc.pid])
             samples.append((round(time.time() - t_start, 1), row))
             print(samples[-1], flush=True)
     finally:
@@ -90,9 +105,11 @@ def soak(config: str, minutes: float, interval_s: float = 10.0) -> dict:
     warm = next(i for i, (t, _) in enumerate(samples) if t >= minutes * 60 / 4)
     growth = {}
     for role in samples[0][1]:
-        base, last = samples[warm][1][role], samples[-1][1][role]
-        growth[role] = {"rss_mb_after_warmup": round(base, 1), "rss_mb_last": round(last, 1),
-                        "growth_pct": round(100.0 * (last - base) / base, 2) if base else None}
+        growth[role] = {}
+        for kind in KINDS.values():
+            base, last = samples[warm][1][role][kind], samples[-1][1][role][kind]
+            growth[role][kind] = {"mb_after_warmup": base, "mb_last": last,
+                                  "growth_pct": round(100.0 * (last - base) / base, 2) if base else None}
     return {"minutes": minutes, "samples": samples, "growth": growth}
 
 
@@ -106,9 +123,13 @@ def main() -> None:
     print(results["checkpoint"], flush=True)
     results.update(soak(args.config, args.minutes))
     write_json(args.out, results)
-    print("| role | RSS after warm-up (MB) | RSS at end (MB) | growth |\n|---|---|---|---|")
+    print("| role | RSS after warm-up → end (MB) | RSS growth | private after warm-up → end (MB) | private growth"
+          " | object-store pages after warm-up → end (MB) |\n|---|---|---|---|---|---|")
     for role, g in results["growth"].items():
-        print(f"| {role} | {g['rss_mb_after_warmup']} | {g['rss_mb_last']} | {g['growth_pct']}% |")
+        rss, priv, shm = g["rss"], g["private"], g["shared"]
+        print(f"| {role} | {rss['mb_after_warmup']} → {rss['mb_last']} | {rss['growth_pct']}% "
+              f"| {priv['mb_after_warmup']} → {priv['mb_last']} | {priv['growth_pct']}% "
+              f"| {shm['mb_after_warmup']} → {shm['mb_last']} |")
 
 
 if __name__ == "__main__":
