@@ -8,7 +8,10 @@ structure back from :func:`read_checkpoint`:
   ``"format_version"`` and ``"distrl_version"`` are added (and read back).
 - ``"learner"``: ``Learner.state_dict()`` -- tensors, module/optimizer state
   dicts, tuples, python scalars. Loaded back with ``weights_only=True`` on CPU.
-- ``"store"``: the experience store's ``state_dict()`` or None. Any nesting of
+- ``"store"``: the experience store's ``state_dict()`` or None, or a callable
+  ``writer(directory) -> (skeleton, meta_extra) | None`` that writes store.npz
+  itself with :func:`save_store` (the replay server, so a big replay is not
+  copied through Ray's object store); ``meta_extra`` is merged into meta. Any nesting of
   str-keyed dicts and lists whose leaves are numpy arrays, numpy scalars or
   python int/float/bool/str/None (ReplayBuffer's flat dict, FragmentQueue's
   ``{"items": [{...}, ...], "added": int, "taken": int}``).
@@ -55,19 +58,22 @@ import numpy as np
 import torch
 
 from distrl.checkpoint import CheckpointError, _atomic
+# The store file's writer lives apart so the replay server can write one without importing torch.
+from distrl.store_file import ARRAY_KEY as _ARRAY
+from distrl.store_file import STORE, save_store
+from distrl.store_file import check_json_exact as _check_json_exact
+from distrl.store_file import split_store as _split_store
+from distrl.store_file import write_file as _write_file
 
 FORMAT_VERSION = 1
 DONE = "DONE"
-META, STATE, LEARNER, STORE = "meta.json", "state.json", "learner.pt", "store.npz"
-_ARRAY = "__ndarray__"
+META, STATE, LEARNER = "meta.json", "state.json", "learner.pt"
 _CKPT_RE = re.compile(r"^ckpt-(\d{8,})$")
 _TMP_PREFIX = ".tmp-ckpt-"
-# np.savez takes these as its own arguments, so they can't be member names.
-_RESERVED_MEMBERS = {"file", "allow_pickle"}
 
 __all__ = [
     "CheckpointError", "FORMAT_VERSION", "capture_global_rng", "checkpoint_size",
-    "latest_checkpoint", "read_checkpoint", "restore_global_rng", "write_checkpoint",
+    "latest_checkpoint", "read_checkpoint", "restore_global_rng", "save_store", "write_checkpoint",
 ]
 
 
@@ -118,25 +124,6 @@ def restore_global_rng(d: dict[str, Any]) -> None:
 
 
 # ------------------------------------------------------------------- validation
-def _check_json_exact(x: Any, where: str) -> None:
-    """Raise TypeError if `x` would not come back from JSON as the same types."""
-    t = type(x)
-    if x is None or t in (bool, int, float, str):
-        return
-    if t is list:
-        for i, v in enumerate(x):
-            _check_json_exact(v, f"{where}[{i}]")
-        return
-    if t is dict:
-        for k, v in x.items():
-            if type(k) is not str:
-                raise TypeError(f"{where}: key {k!r} is {type(k).__name__}, JSON keys must be str")
-            _check_json_exact(v, f"{where}[{k!r}]")
-        return
-    raise TypeError(f"{where}: {t.__name__} does not round-trip through JSON "
-                    "(use dict/list/str/int/float/bool/None)")
-
-
 # Types torch.load(weights_only=True) gives back as they went in.
 _TORCH_LEAVES = (torch.Tensor, bool, int, float, complex, str, bytes, type(None),
                  torch.dtype, torch.device, torch.Size)
@@ -157,41 +144,6 @@ def _check_torch_safe(x: Any, where: str) -> None:
 
 
 # ---------------------------------------------------------------- store skeleton
-def _split_store(store: Any) -> tuple[Any, dict[str, np.ndarray]]:
-    """Skeleton (JSON-exact, arrays replaced by member refs) and the arrays by member name."""
-    arrays: dict[str, np.ndarray] = {}
-
-    def member(path: str) -> str:
-        name, n = path or "_", 1
-        while name in arrays or name in _RESERVED_MEMBERS:
-            name, n = f"{path}#{n}", n + 1
-        return name
-
-    def walk(x: Any, path: str, where: str) -> Any:
-        if isinstance(x, (np.ndarray, np.generic)):
-            a = np.asarray(x)
-            if a.dtype.hasobject:
-                raise TypeError(f"{where}: object arrays cannot be stored without pickle")
-            name = member(path)
-            arrays[name] = a
-            return {_ARRAY: name, "scalar": True} if isinstance(x, np.generic) else {_ARRAY: name}
-        if type(x) is dict:
-            if _ARRAY in x:
-                raise TypeError(f"{where}: key {_ARRAY!r} is reserved")
-            out = {}
-            for k, v in x.items():
-                if type(k) is not str:
-                    raise TypeError(f"{where}: key {k!r} is {type(k).__name__}, keys must be str")
-                out[k] = walk(v, f"{path}/{k}" if path else k, f"{where}[{k!r}]")
-            return out
-        if type(x) is list:
-            return [walk(v, f"{path}/{i}" if path else str(i), f"{where}[{i}]") for i, v in enumerate(x)]
-        _check_json_exact(x, where)
-        return x
-
-    return walk(store, "", "state['store']"), arrays
-
-
 def _join_store(skel: Any, arrays: dict[str, np.ndarray], path: str) -> Any:
     if type(skel) is dict:
         if _ARRAY in skel:
@@ -218,13 +170,6 @@ def _fsync_dir(d: str) -> None:
         pass  # some filesystems refuse directory fsync; the rename itself is still atomic
     finally:
         os.close(fd)
-
-
-def _write_file(path: str, write) -> None:
-    with open(path, "wb") as fh:
-        write(fh)
-        fh.flush()
-        os.fsync(fh.fileno())
 
 
 def _json_bytes(obj: Any) -> bytes:
@@ -298,9 +243,9 @@ def write_checkpoint(run_dir: str, state: dict[str, Any], keep: int = 3) -> str:
     _check_torch_safe(state["learner"], "state['learner']")
     if state["torch_rng"] is not None and not isinstance(state["torch_rng"], torch.Tensor):
         raise TypeError("state['torch_rng'] must be a tensor or None")
-    skel, arrays = (None, {}) if state["store"] is None else _split_store(state["store"])
-    small = {"workers": state["workers"], "numpy_rng": numpy_rng_to_json(state["numpy_rng"]),
-             "store": skel}
+    writer = state["store"] if callable(state["store"]) else None
+    if writer is None and state["store"] is not None:
+        _split_store(state["store"])  # validates: raises before any file exists
 
     root = os.path.join(run_dir, "checkpoints")
     os.makedirs(root, exist_ok=True)
@@ -309,14 +254,21 @@ def write_checkpoint(run_dir: str, state: dict[str, Any], keep: int = 3) -> str:
     final = os.path.join(root, f"ckpt-{n:08d}")
     tmp = tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{n:08d}-", dir=root)
     try:
+        if writer is not None:
+            written = writer(tmp)
+            skel, extra = written if written is not None else (None, {})
+            meta.update(extra)
+            _check_json_exact(meta, "state['meta']")
+        else:
+            # Uncompressed: a 1M-transition replay must save in seconds, not minutes.
+            skel = None if state["store"] is None else save_store(tmp, state["store"])
+        small = {"workers": state["workers"], "numpy_rng": numpy_rng_to_json(state["numpy_rng"]),
+                 "store": skel}
         _write_file(os.path.join(tmp, META), lambda fh: fh.write(_json_bytes(meta)))
         _write_file(os.path.join(tmp, STATE), lambda fh: fh.write(_json_bytes(small)))
         _write_file(os.path.join(tmp, LEARNER),
                     lambda fh: torch.save({"learner": state["learner"],
                                            "torch_rng": state["torch_rng"]}, fh))
-        if skel is not None:
-            # Uncompressed: a 1M-transition replay must save in seconds, not minutes.
-            _write_file(os.path.join(tmp, STORE), lambda fh: np.savez(fh, **arrays))
         files = {name: {"size": os.path.getsize(os.path.join(tmp, name)),
                         "sha256": _sha256(os.path.join(tmp, name))}
                  for name in sorted(os.listdir(tmp))}

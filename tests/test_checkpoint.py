@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from distrl import run_checkpoint as rc
+from distrl import store_file
 from distrl.checkpoint import CheckpointError, save_json, save_weights
 from distrl.replay import FragmentQueue, ReplayBuffer
 from distrl.run_checkpoint import (
@@ -138,6 +139,37 @@ def test_replay_learner_workers_round_trip(tmp_path):
     assert checkpoint_size(path) == sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
 
 
+def test_store_writer_saves_in_place(tmp_path):
+    """The replay server's path: a callable writes store.npz itself and adds to the metadata."""
+    buf = _buffer()
+    seen = []
+
+    def writer(directory):
+        seen.append(directory)
+        return rc.save_store(directory, buf.state_dict()), {"store_sha256": "abc", "store_saved": True}
+
+    path = write_checkpoint(str(tmp_path), _state(store=writer))
+    assert os.path.basename(seen[0]).startswith(".tmp-ckpt-")  # written before the rename
+    back = read_checkpoint(path)
+    assert _digest(back["store"]) == _digest(buf.state_dict())
+    assert (back["meta"]["store_sha256"], back["meta"]["store_saved"]) == ("abc", True)
+    # A writer with nothing to save (store over the size limit) leaves the store out.
+    path = write_checkpoint(str(tmp_path), _state(store=lambda d: None))
+    assert read_checkpoint(path)["store"] is None and "store.npz" not in os.listdir(path)
+
+
+def test_failing_store_writer_leaves_no_checkpoint(tmp_path):
+    first = write_checkpoint(str(tmp_path), _state())
+
+    def writer(directory):
+        raise RuntimeError("replay server died")
+
+    with pytest.raises(RuntimeError):
+        write_checkpoint(str(tmp_path), _state(store=writer))
+    assert os.listdir(os.path.join(str(tmp_path), "checkpoints")) == [os.path.basename(first)]
+    assert latest_checkpoint(str(tmp_path)) == first
+
+
 def test_fragment_queue_and_empty_stores(tmp_path):
     q = FragmentQueue(4)
     for i in range(3):
@@ -218,7 +250,7 @@ def test_interrupted_writes_fall_back_to_previous(tmp_path, monkeypatch):
     write_checkpoint(run, _state(store=_buffer(600).state_dict(), n=1))
     good = write_checkpoint(run, _state(store=_buffer(600).state_dict(), n=2))
 
-    real = rc._write_file
+    real = store_file.write_file
 
     def dies_midway(path, write):
         if path.endswith("store.npz"):
@@ -227,7 +259,7 @@ def test_interrupted_writes_fall_back_to_previous(tmp_path, monkeypatch):
             raise OSError("No space left on device")
         real(path, write)
 
-    monkeypatch.setattr(rc, "_write_file", dies_midway)
+    monkeypatch.setattr(store_file, "write_file", dies_midway)
     with pytest.raises(OSError):
         write_checkpoint(run, _state(store=_buffer(600).state_dict()))
     monkeypatch.undo()

@@ -259,8 +259,24 @@ class RayRoles:
         learner = self.learner.get_state.remote()
         workers = [w.get_state.remote() for w in self.workers]
         self._check_replay()  # a restart since the last look is counted (and the server refilled)
-        store = ray.get(self.replay.get_state.remote(self.cfg.checkpoint.max_replay_bytes))
+        max_bytes = self.cfg.checkpoint.max_replay_bytes
+        if ray.get(self.replay.node_id.remote()) == ray.get_runtime_context().get_node_id():
+            store = self._store_writer(max_bytes)  # same disk: the server writes its own file
+        else:
+            store = ray.get(self.replay.get_state.remote(max_bytes))
         return {"learner": ray.get(learner), "store": store, "workers": ray.get(workers)}
+
+    def _store_writer(self, max_bytes: int):
+        def write(directory: str):
+            written = ray.get(self.replay.write_store.remote(directory, max_bytes))
+            if written is None:
+                return None, {"store_sha256": None, "store_saved": False}
+            skeleton, digest = written
+            return skeleton, {"store_sha256": digest, "store_saved": True}
+        return write
+
+    def store_digest(self) -> str:
+        return ray.get(self.replay.digest.remote())
 
     def set_state(self, state: dict) -> None:
         refs = [w.set_state.remote(s) for w, s in zip(self.workers, state["workers"])]

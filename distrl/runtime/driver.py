@@ -304,14 +304,9 @@ def resume_training(cfg: Config, run_dir: str, ckpt_path: str, state: dict, addr
     restore_global_rng(state)
     with open(os.path.join(run_dir, "resumes.jsonl"), "a") as fh:
         fh.write(json.dumps({"checkpoint": ckpt_path, "env_steps": counters.env_steps, "updates": counters.updates,
-                             "store_sha256": persist.store_digest(roles_store_state(roles)),
+                             "store_sha256": roles.store_digest(),
                              "resumed_at_wall_s": state["meta"]["wall_s"]}) + "\n")
     return _drive(Driver(cfg, roles, run_dir, start, counters), roles)
-
-
-def roles_store_state(roles):
-    """The live store's contents right after restore (for the resume log's hash)."""
-    return roles.get_state()["store"]
 
 
 def _drive(driver: Driver, roles) -> dict:

@@ -130,6 +130,11 @@ class LocalRoles:
                             "version": self.version},
                 "store": self.store.state_dict(), "workers": [self.rollout.get_state()]}
 
+    def store_digest(self) -> str:
+        from distrl.runtime.persist import store_digest
+
+        return store_digest(self.store.state_dict())
+
     def set_state(self, state: dict) -> None:
         import torch
 

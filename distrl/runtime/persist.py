@@ -46,13 +46,14 @@ def save(driver) -> str:
 
     t0 = time.time()
     roles_state = driver.roles.get_state()
-    store = roles_state["store"]
-    if store is not None and _nbytes(store) > driver.cfg.checkpoint.max_replay_bytes:
+    store = roles_state["store"]  # the contents, or a writer that saves them in place (see RayRoles)
+    if not callable(store) and store is not None and _nbytes(store) > driver.cfg.checkpoint.max_replay_bytes:
         store = None  # too big: a resumed run refills it from the workers
     rng = capture_global_rng()
     meta = {"counters": counters_to_meta(driver.c), "wall_s": time.time() - driver.start,
-            "config": to_dict(driver.cfg), "python_rng": rng["python_rng"],
-            "store_sha256": store_digest(store), "store_saved": store is not None}
+            "config": to_dict(driver.cfg), "python_rng": rng["python_rng"]}
+    if not callable(store):  # a writer adds these itself
+        meta.update(store_sha256=store_digest(store), store_saved=store is not None)
     path = write_checkpoint(driver.run_dir, {
         "meta": meta, "learner": roles_state["learner"], "store": store, "workers": roles_state["workers"],
         "torch_rng": rng["torch_rng"], "numpy_rng": rng["numpy_rng"]}, keep=driver.cfg.checkpoint.keep)
@@ -75,21 +76,21 @@ def store_digest(tree) -> str | None:
     if tree is None:
         return None
     h = hashlib.sha256()
-
-    def walk(node, prefix):
-        if isinstance(node, np.ndarray):
-            h.update(prefix.encode())
-            h.update(str(node.dtype).encode())
-            h.update(np.ascontiguousarray(node).tobytes())
-        elif isinstance(node, dict):
-            for k in sorted(node):
-                walk(node[k], f"{prefix}/{k}")
-        elif isinstance(node, list):
-            for i, v in enumerate(node):
-                walk(v, f"{prefix}/{i}")
-
-    walk(tree, "")
+    _digest_into(h, tree, "")
     return h.hexdigest()
+
+
+def _digest_into(h, node, prefix: str) -> None:
+    if isinstance(node, np.ndarray):
+        h.update(prefix.encode())
+        h.update(str(node.dtype).encode())
+        h.update(np.ascontiguousarray(node).data)  # no bytes copy of a big array
+    elif isinstance(node, dict):
+        for k in sorted(node):
+            _digest_into(h, node[k], f"{prefix}/{k}")
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            _digest_into(h, v, f"{prefix}/{i}")
 
 
 def load_latest(run_dir: str) -> tuple[str, dict]:

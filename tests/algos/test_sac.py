@@ -256,6 +256,30 @@ def test_state_dict_round_trip_resumes_identically():
         np.testing.assert_array_equal(v, b.get_weights()[k])
 
 
+def test_loads_checkpoint_state_from_three_optimizers():
+    """Checkpoints written before the single optimizer had one Adam each for critic, actor and alpha."""
+    algo = _algo()
+    a = algo.make_learner("cpu")
+    parts = [list(a.critic.parameters()), list(a.actor.parameters()), [a.log_alpha]]
+    old = [torch.optim.Adam(ps, lr=lr) for ps, lr in zip(parts, (1e-3, 3e-4, 5e-3))]
+    for step in range(2):
+        for ps, opt in zip(parts, old):
+            for p in ps:
+                p.grad = torch.full_like(p, 0.1 * (step + 1))
+            opt.step()
+    state = a.state_dict()
+    del state["opt"]
+    state.update(critic_opt=old[0].state_dict(), actor_opt=old[1].state_dict(), alpha_opt=old[2].state_dict())
+    b = algo.make_learner("cpu")
+    b.load_state_dict(state)
+    assert [g["lr"] for g in b.opt.param_groups] == [1e-3, 3e-4, 5e-3]
+    twins = [list(b.critic.parameters()), list(b.actor.parameters()), [b.log_alpha]]
+    for ps, twin_ps, opt in zip(parts, twins, old):
+        for p, twin in zip(ps, twin_ps):
+            for key in ("exp_avg", "exp_avg_sq", "step"):
+                torch.testing.assert_close(b.opt.state[twin][key], opt.state[p][key])
+
+
 def test_get_weights_is_actor_only_and_loads_into_policy():
     algo = _algo()
     weights = algo.make_learner("cpu").get_weights()

@@ -13,6 +13,8 @@ import pytest
 import torch
 
 from distrl import resume, train
+from distrl.run_checkpoint import read_checkpoint
+from distrl.runtime.persist import store_digest
 from distrl.cli import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -144,3 +146,21 @@ def test_deterministic_mode_gives_identical_curves(mode, tmp_path, request):
     assert len(curves[0]) > 5
     assert sum(1 for r in curves[0] if r[2]) >= 3  # several evaluations happened
     assert curves[0] == curves[1]
+
+
+@pytest.mark.parametrize("mode", ["single", "sync"])
+def test_replay_over_the_size_limit_is_left_out(mode, tmp_path, request):
+    """Below checkpoint.max_replay_bytes the store is saved (in sync mode by the replay server itself)."""
+    if mode == "sync":
+        request.getfixturevalue("ray_session")
+    for limit, saved in ((0, False), (10**9, True)):
+        run_dir = str(tmp_path / f"run{limit}")
+        train(CARTPOLE, run_dir=run_dir, overrides=[
+            f"mode={mode}", "workers=2", "stop.max_env_steps=2000", "eval.target_return=null",
+            f"checkpoint.max_replay_bytes={limit}", *QUIET])
+        ckpt = complete_checkpoints(run_dir)[-1]
+        meta = json.load(open(os.path.join(ckpt, "meta.json")))
+        assert meta["store_saved"] is saved and (meta["store_sha256"] is not None) is saved
+        assert os.path.exists(os.path.join(ckpt, "store.npz")) is saved
+        if saved:
+            assert store_digest(read_checkpoint(ckpt)["store"]) == meta["store_sha256"]
