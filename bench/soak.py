@@ -2,8 +2,9 @@
 
     python -m bench.soak [--minutes 30] [--config configs/apex_dqn_cartpole.yaml]
 
-Growth per role = (last - after warm-up) / after warm-up, warm-up being the
-first quarter of the run (the replay fills, allocators settle). Reported for
+Growth per role = (end - after warm-up) / after warm-up, warm-up being the
+first quarter of the run (the replay fills, allocators settle); each end is the
+median of one minute of samples (6), since one sample can catch a block in flight. Reported for
 RSS and for its two moving parts: private memory (RssAnon: the process's own
 heap, where a leak shows) and shared object-store pages (RssShmem: pages of
 Ray's plasma arena the process has touched, owned by the object store and
@@ -102,15 +103,21 @@ def soak(config: str, minutes: float, interval_s: float = 10.0) -> dict:
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=120)
-    warm = next(i for i, (t, _) in enumerate(samples) if t >= minutes * 60 / 4)
-    growth = {}
+    return {"minutes": minutes, "samples": samples, "growth": growth(samples, minutes * 60 / 4)}
+
+
+def growth(samples: list, warm_t: float, window: int = 6) -> dict:
+    """Per role and kind: median of `window` samples at the end of warm-up vs the last `window`."""
+    warm = next(i for i, (t, _) in enumerate(samples) if t >= warm_t)
+    out = {}
     for role in samples[0][1]:
-        growth[role] = {}
+        out[role] = {}
         for kind in KINDS.values():
-            base, last = samples[warm][1][role][kind], samples[-1][1][role][kind]
-            growth[role][kind] = {"mb_after_warmup": base, "mb_last": last,
-                                  "growth_pct": round(100.0 * (last - base) / base, 2) if base else None}
-    return {"minutes": minutes, "samples": samples, "growth": growth}
+            base = float(np.median([row[role][kind] for _, row in samples[warm:warm + window]]))
+            last = float(np.median([row[role][kind] for _, row in samples[-window:]]))
+            out[role][kind] = {"mb_after_warmup": round(base, 1), "mb_last": round(last, 1),
+                               "growth_pct": round(100.0 * (last - base) / base, 2) if base else None}
+    return out
 
 
 def main() -> None:

@@ -260,11 +260,14 @@ class RayRoles:
         workers = [w.get_state.remote() for w in self.workers]
         self._check_replay()  # a restart since the last look is counted (and the server refilled)
         max_bytes = self.cfg.checkpoint.max_replay_bytes
-        if ray.get(self.replay.node_id.remote()) == ray.get_runtime_context().get_node_id():
+        if self.replay_on_driver_node():
             store = self._store_writer(max_bytes)  # same disk: the server writes its own file
         else:
             store = ray.get(self.replay.get_state.remote(max_bytes))
         return {"learner": ray.get(learner), "store": store, "workers": ray.get(workers)}
+
+    def replay_on_driver_node(self) -> bool:
+        return ray.get(self.replay.node_id.remote()) == ray.get_runtime_context().get_node_id()
 
     def _store_writer(self, max_bytes: int):
         def write(directory: str):

@@ -148,11 +148,17 @@ def test_deterministic_mode_gives_identical_curves(mode, tmp_path, request):
     assert curves[0] == curves[1]
 
 
-@pytest.mark.parametrize("mode", ["single", "sync"])
-def test_replay_over_the_size_limit_is_left_out(mode, tmp_path, request):
-    """Below checkpoint.max_replay_bytes the store is saved (in sync mode by the replay server itself)."""
-    if mode == "sync":
+@pytest.mark.parametrize("mode", ["single", "sync", "sync-remote-replay"])
+def test_replay_over_the_size_limit_is_left_out(mode, tmp_path, request, monkeypatch):
+    """Below checkpoint.max_replay_bytes the store is saved: by the replay server itself when it
+    shares the driver's node, else sent to the driver (a cluster, simulated here)."""
+    if mode != "single":
         request.getfixturevalue("ray_session")
+    if mode == "sync-remote-replay":
+        from distrl.runtime.cluster import RayRoles
+
+        monkeypatch.setattr(RayRoles, "replay_on_driver_node", lambda self: False)
+        mode = "sync"
     for limit, saved in ((0, False), (10**9, True)):
         run_dir = str(tmp_path / f"run{limit}")
         train(CARTPOLE, run_dir=run_dir, overrides=[
