@@ -23,7 +23,7 @@ run: setup
 	$(BIN)/distrl train $(CONFIG)
 
 test: setup
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest tests --durations=15
 
 bench: setup
 	$(BIN)/python -m bench.throughput

@@ -148,10 +148,11 @@ def test_deterministic_mode_gives_identical_curves(mode, tmp_path, request):
     assert curves[0] == curves[1]
 
 
-@pytest.mark.parametrize("mode", ["single", "sync", "sync-remote-replay"])
-def test_replay_over_the_size_limit_is_left_out(mode, tmp_path, request, monkeypatch):
-    """Below checkpoint.max_replay_bytes the store is saved: by the replay server itself when it
-    shares the driver's node, else sent to the driver (a cluster, simulated here)."""
+@pytest.mark.parametrize("mode,limit", [("single", 0), ("sync", 0), ("sync-remote-replay", 10**9)])
+def test_replay_size_limit_and_cross_node_store(mode, limit, tmp_path, request, monkeypatch):
+    """Over checkpoint.max_replay_bytes the store is left out. Under it (covered for a local replay
+    server by the resume tests) a replay server on another node sends its store to the driver
+    (a cluster, simulated here)."""
     if mode != "single":
         request.getfixturevalue("ray_session")
     if mode == "sync-remote-replay":
@@ -159,14 +160,14 @@ def test_replay_over_the_size_limit_is_left_out(mode, tmp_path, request, monkeyp
 
         monkeypatch.setattr(RayRoles, "replay_on_driver_node", lambda self: False)
         mode = "sync"
-    for limit, saved in ((0, False), (10**9, True)):
-        run_dir = str(tmp_path / f"run{limit}")
-        train(CARTPOLE, run_dir=run_dir, overrides=[
-            f"mode={mode}", "workers=2", "stop.max_env_steps=2000", "eval.target_return=null",
-            f"checkpoint.max_replay_bytes={limit}", *QUIET])
-        ckpt = complete_checkpoints(run_dir)[-1]
-        meta = json.load(open(os.path.join(ckpt, "meta.json")))
-        assert meta["store_saved"] is saved and (meta["store_sha256"] is not None) is saved
-        assert os.path.exists(os.path.join(ckpt, "store.npz")) is saved
-        if saved:
-            assert store_digest(read_checkpoint(ckpt)["store"]) == meta["store_sha256"]
+    saved = limit > 0
+    run_dir = str(tmp_path / "run")
+    train(CARTPOLE, run_dir=run_dir, overrides=[
+        f"mode={mode}", "workers=2", "stop.max_env_steps=2000", "eval.target_return=null",
+        f"checkpoint.max_replay_bytes={limit}", *QUIET])
+    ckpt = complete_checkpoints(run_dir)[-1]
+    meta = json.load(open(os.path.join(ckpt, "meta.json")))
+    assert meta["store_saved"] is saved and (meta["store_sha256"] is not None) is saved
+    assert os.path.exists(os.path.join(ckpt, "store.npz")) is saved
+    if saved:
+        assert store_digest(read_checkpoint(ckpt)["store"]) == meta["store_sha256"]
