@@ -60,7 +60,7 @@ import torch
 from distrl.checkpoint import CheckpointError, _atomic
 # The store file's writer lives apart so the replay server can write one without importing torch.
 from distrl.store_file import ARRAY_KEY as _ARRAY
-from distrl.store_file import STORE, save_store
+from distrl.store_file import STORE, save_store, write_arrays
 from distrl.store_file import check_json_exact as _check_json_exact
 from distrl.store_file import split_store as _split_store
 from distrl.store_file import write_file as _write_file
@@ -244,8 +244,8 @@ def write_checkpoint(run_dir: str, state: dict[str, Any], keep: int = 3) -> str:
     if state["torch_rng"] is not None and not isinstance(state["torch_rng"], torch.Tensor):
         raise TypeError("state['torch_rng'] must be a tensor or None")
     writer = state["store"] if callable(state["store"]) else None
-    if writer is None and state["store"] is not None:
-        _split_store(state["store"])  # validates: raises before any file exists
+    # Split (and so validate) a store given as data before any file exists.
+    skel, arrays = (None, {}) if writer is not None or state["store"] is None else _split_store(state["store"])
 
     root = os.path.join(run_dir, "checkpoints")
     os.makedirs(root, exist_ok=True)
@@ -259,9 +259,8 @@ def write_checkpoint(run_dir: str, state: dict[str, Any], keep: int = 3) -> str:
             skel, extra = written if written is not None else (None, {})
             meta.update(extra)
             _check_json_exact(meta, "state['meta']")
-        else:
-            # Uncompressed: a 1M-transition replay must save in seconds, not minutes.
-            skel = None if state["store"] is None else save_store(tmp, state["store"])
+        elif skel is not None:
+            write_arrays(tmp, arrays)
         small = {"workers": state["workers"], "numpy_rng": numpy_rng_to_json(state["numpy_rng"]),
                  "store": skel}
         _write_file(os.path.join(tmp, META), lambda fh: fh.write(_json_bytes(meta)))

@@ -20,8 +20,13 @@ RESERVED_MEMBERS = {"file", "allow_pickle"}
 def save_store(directory: str, store: Any) -> Any:
     """Write a store's arrays to ``directory/store.npz`` (fsynced); return its skeleton."""
     skel, arrays = split_store(store)
-    write_file(os.path.join(directory, STORE), lambda fh: np.savez(fh, **arrays))
+    write_arrays(directory, arrays)
     return skel
+
+
+def write_arrays(directory: str, arrays: dict[str, np.ndarray]) -> None:
+    # Uncompressed: a 1M-transition replay must save in seconds, not minutes.
+    write_file(os.path.join(directory, STORE), lambda fh: np.savez(fh, **arrays))
 
 
 def write_file(path: str, write) -> None:
