@@ -338,14 +338,15 @@ class Evaluator:
         self.version = -1
         self.weights = None
 
-    def evaluate(self, env_steps: int):
+    def evaluate(self, env_steps: int) -> tuple[int, dict | None]:
+        """(this process's id, the result): a new id tells the driver the actor was restarted."""
         got = ray.get(self.ps.pull_if_newer.remote(self.version))
         if got is not None:
             self.version, (ref,) = got
             self.weights = ray.get(ref)
         if self.weights is None:
-            return None
-        return self.evaluation.evaluate(self.weights, self.version, env_steps)
+            return os.getpid(), None
+        return os.getpid(), self.evaluation.evaluate(self.weights, self.version, env_steps)
 
     def ping(self) -> bool:
         return True

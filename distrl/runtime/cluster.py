@@ -145,7 +145,6 @@ class RayRoles:
                                            runtime_env=heap_env).remote(d, run_dir)
         self.run_dir = run_dir
         self.replay_restarts = 0
-        self.replay_pid = ray.get(self.replay.pid.remote())
         gpus = 1 if device.startswith("cuda") else 0
         # On a cluster each worker and the learner reserve a CPU, so Ray spreads them over nodes;
         # embedded on one machine, reservations would only cap the worker count.
@@ -158,6 +157,8 @@ class RayRoles:
         self.workers = [RolloutWorker.options(num_cpus=cpus, max_restarts=cfg.fault.max_worker_restarts + 1,
                                               max_task_retries=0).remote(d, i, cfg.workers, self.ps)
                         for i in range(cfg.workers)]
+        # Waited for only once every actor is created: their processes start in parallel.
+        self.replay_pid = ray.get(self.replay.pid.remote())
         ray.get(self.learner.publish_now.remote())  # version 0 exists before any worker acts
         if cfg.mode == "sync":
             self.gatherer = SyncGather(self.workers)
@@ -167,6 +168,7 @@ class RayRoles:
         self.train_sizes: dict = {}
         self.eval_ref = None
         self.evaluator_restarts = 0
+        self.eval_pid: int | None = None
         self.restarting: dict[int, ray.ObjectRef] = {}  # worker index -> health-check ref
         self.restarts = 0
         self.restarts_ref = None
@@ -327,10 +329,15 @@ class RayRoles:
         if not ready:
             return []
         try:
-            result = ray.get(self.eval_ref)
+            pid, result = ray.get(self.eval_ref)
         except (*ACTOR_GONE, RayTaskError):
             self.evaluator_restarts += 1  # Ray restarts the actor; the next submit goes to the new one
-            result = None
+            self.eval_pid, result = None, None
+        else:
+            # A death between two evaluations fails no call: the new process id shows it.
+            if self.eval_pid is not None and pid != self.eval_pid:
+                self.evaluator_restarts += 1
+            self.eval_pid = pid
         self.eval_ref = None
         return [result] if result is not None else []
 

@@ -1,4 +1,5 @@
 """Learning tests: A2C, A3C, PPO and IMPALA each solve CartPole-v1 (greedy eval >= 475 over 20 episodes)."""
+import json
 import os
 
 import pytest
@@ -13,8 +14,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def test_solves_cartpole_within_step_budget(request, tmp_path, algo, mode):
     if mode != "single":
         request.getfixturevalue("ray_session")
-    summary = train(os.path.join(ROOT, "configs", f"{algo}_cartpole.yaml"), run_dir=str(tmp_path / "run"),
+    run_dir = str(tmp_path / "run")
+    summary = train(os.path.join(ROOT, "configs", f"{algo}_cartpole.yaml"), run_dir=run_dir,
                     overrides=[f"mode={mode}", "workers=2", "seed=0", "stop.max_env_steps=300000",
                                "stop.max_seconds=180", "log.progress=false", "log.tensorboard=false"])
     assert summary["solved"], summary
     assert summary["best_eval_return"] >= 475
+    assert json.load(open(os.path.join(run_dir, "summary.json")))["updates"] == summary["updates"]
+    assert os.path.isfile(os.path.join(run_dir, "checkpoints", "best.safetensors"))
+    if algo == "a3c":  # the only async run of A3C in the suite
+        assert summary["gradients_dropped"] >= 0 and summary["policy_lag"]["max"] >= 0
