@@ -288,3 +288,67 @@ def test_get_weights_is_actor_only_and_loads_into_policy():
     policy = algo.make_policy(0, 1)
     policy.set_weights(weights, 5)
     assert policy.version == 5
+
+
+# --- the numpy update (the CPU path) against autograd (the torch path) -----------------
+def _twin_learners(**sac):
+    """Two learners from one seed: `fast` runs the numpy update, `ref` the autograd one."""
+    algo = _algo(**sac)
+    torch.manual_seed(0)
+    fast = algo.make_learner("cpu")
+    torch.manual_seed(0)
+    ref = algo.make_learner("cpu")
+    assert fast.numpy
+    ref.numpy = False
+    return fast, ref
+
+
+def _assert_same_learners(a, b):
+    for name in ("actor", "critic", "critic_target"):
+        for k, v in getattr(a, name).state_dict().items():
+            torch.testing.assert_close(v, getattr(b, name).state_dict()[k], rtol=1e-5, atol=1e-6, msg=name + k)
+    torch.testing.assert_close(a.log_alpha.detach(), b.log_alpha.detach(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("hidden, autotune, weighted", [([16, 16], True, True), ([16, 16], False, False),
+                                                        ([8], True, False), ([16, 12, 8], True, True)])
+def test_numpy_update_matches_autograd(hidden, autotune, weighted):
+    spec = ASYM  # two action dims, four observation dims
+    fast, ref = (_algo(spec, hidden=hidden, autotune_alpha=autotune, tau=0.1, init_alpha=0.5).make_learner("cpu")
+                 for _ in range(2))
+    ref.load_state_dict(fast.state_dict())
+    ref.numpy = False
+    for step in range(5):
+        batch = _batch(spec, n=64, seed=step, discounts=0.9)
+        batch["discounts"][::5] = 0.0  # some terminal transitions
+        if weighted:
+            batch["weights"] = np.random.default_rng(step).uniform(0.2, 2.0, 64).astype(np.float32)
+        torch.manual_seed(100 + step)
+        out_fast = fast.update(batch)
+        torch.manual_seed(100 + step)
+        out_ref = ref.update(batch)
+        for key in ("loss", "loss_critic", "loss_actor", "loss_alpha", "alpha", "entropy", "q_mean"):
+            assert out_fast[key] == pytest.approx(out_ref[key], rel=1e-4, abs=1e-5), key
+        np.testing.assert_allclose(out_fast["priorities"], out_ref["priorities"], rtol=1e-4, atol=1e-6)
+    _assert_same_learners(fast, ref)
+    if not autotune:
+        assert fast.log_alpha.item() == pytest.approx(np.log(0.5))
+
+
+def test_checkpoints_cross_between_the_numpy_and_autograd_paths():
+    fast, ref = _twin_learners()
+    for i in range(3):
+        fast.update(_batch(PENDULUM, seed=i))
+    ref.load_state_dict(fast.state_dict())  # numpy -> torch optimizer state
+    torch.manual_seed(3)
+    fast.update(_batch(PENDULUM, seed=3))
+    torch.manual_seed(3)
+    ref.update(_batch(PENDULUM, seed=3))
+    _assert_same_learners(fast, ref)
+    back = _algo().make_learner("cpu")
+    back.load_state_dict(ref.state_dict())  # torch -> numpy
+    assert back.numpy and back.adam.steps == 4 == back.updates
+    for learner in (back, ref):
+        torch.manual_seed(4)
+        learner.update(_batch(PENDULUM, seed=4))
+    _assert_same_learners(back, ref)
