@@ -90,7 +90,7 @@ def cmd_eval(args) -> int:
 
     from distrl.checkpoint import load_weights
     from distrl.config import load_config
-    from distrl.runtime.local import build_algorithm
+    from distrl.runtime.local import acting_policy
 
     cfg_path = os.path.join(args.run_dir, "config.yaml")
     if not os.path.isdir(args.run_dir):
@@ -99,12 +99,9 @@ def cmd_eval(args) -> int:
         raise UsageError(f"--episodes must be >= 1, got {args.episodes}")
     cfg = load_config(cfg_path)
     weights, meta = load_weights(os.path.join(args.run_dir, "checkpoints", "best.safetensors"))
-    import torch
-
-    torch.set_num_threads(1)
     from distrl.evaluation import play_greedy
 
-    policy = build_algorithm(cfg).make_policy(-1, 1)
+    policy = acting_policy(cfg, -1, 1)
     policy.set_weights(weights, int(meta.get("version", 0)))
     rets = play_greedy(policy, cfg.env.id, args.episodes, args.seed, cfg.env.kwargs)
     print(f"{cfg.env.id}: {np.mean(rets):.1f} ± {np.std(rets):.1f} over {len(rets)} greedy episodes "

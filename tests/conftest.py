@@ -11,9 +11,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.fixture(autouse=True, scope="session")
 def one_torch_thread():
     """Small nets on a 2-core machine: intra-op threads only add contention (as in every role)."""
-    import torch
+    from distrl.threads import one_compute_thread
 
-    torch.set_num_threads(1)
+    one_compute_thread(load_torch=True)
 
 
 @pytest.fixture(scope="session")

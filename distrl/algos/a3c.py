@@ -21,14 +21,25 @@ import numpy as np
 import torch
 
 from distrl.algos.a2c import a2c_loss
-from distrl.algos.actor_critic import (ActorCriticAlgorithm, ActorCriticLearner, ActorCriticPolicy,
-                                       time_major)
-from distrl.core import Batch, Trajectory
+from distrl.algos.actor_critic import ActorCriticAlgorithm, ActorCriticLearner, build_net, time_major
+from distrl.algos.actor_critic_acting import ActorCriticPolicy
+from distrl.algos.common import load_numpy_weights
+from distrl.core import Batch, EnvSpec, Trajectory, Weights
 
 _TERMS = ("loss_policy", "loss_value", "entropy")
 
 
 class A3CPolicy(ActorCriticPolicy):
+    """Acts in numpy like its parent; a torch copy of the network computes its fragment's gradients."""
+
+    def __init__(self, spec: EnvSpec, cfg, worker_index: int, num_workers: int, seed: int):
+        super().__init__(spec, cfg, worker_index, num_workers, seed)
+        self.net = build_net(spec, cfg)
+
+    def set_weights(self, weights: Weights, version: int) -> None:
+        super().set_weights(weights, version)
+        load_numpy_weights(self.net, weights)
+
     def postprocess(self, traj: Trajectory) -> tuple[Batch, None]:
         items, _ = super().postprocess(traj)
         loss, terms = a2c_loss(self.net, time_major(items, "cpu"), self.cfg)
@@ -80,7 +91,6 @@ class A3CLearner(ActorCriticLearner):
 class A3C(ActorCriticAlgorithm):
     name = "a3c"
     modes = ("single", "async")
-    policy_cls = A3CPolicy
     learner_cls = A3CLearner
 
 

@@ -18,9 +18,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from distrl.algos.common import (BoxScaler, adam, as_tensors, load_numpy_weights, mlp, numpy_linear,
-                                 numpy_mlp, numpy_sequential, spec_problem, to_numpy_weights)
-from distrl.core import Algorithm, Batch, EnvSpec, Learner, Policy, Trajectory, Weights
+from distrl.algos.common import adam, as_tensors, mlp, spec_problem, to_numpy_weights
+from distrl.core import Algorithm, Batch, EnvSpec, Learner, Policy, Weights
 
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 
@@ -93,88 +92,6 @@ def build_net(spec: EnvSpec, cfg) -> ActorCriticNet:
     out_dim = int(np.prod(act.shape)) if box else int(act.n)
     obs_dim = int(np.prod(spec.observation_space.shape))
     return ActorCriticNet(obs_dim, out_dim, list(cfg.hidden), cfg.shared_torso, box)
-
-
-# --- numpy acting (the same maths as the torch net and distributions above) ------------
-def numpy_net(weights: Weights) -> dict:
-    return {"pi_torso": numpy_sequential(weights, "pi_torso"),
-            "v_torso": numpy_sequential(weights, "v_torso") if "v_torso.0.weight" in weights else None,
-            "pi_head": numpy_linear(weights, "pi_head"), "v_head": numpy_linear(weights, "v_head"),
-            "log_std": np.asarray(weights["log_std"], np.float32) if "log_std" in weights else None}
-
-
-def numpy_forward(layers: dict, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(policy head output, V(obs)) of ActorCriticNet, in float32 numpy."""
-    h = numpy_mlp(layers["pi_torso"], obs, np.tanh)
-    hv = h if layers["v_torso"] is None else numpy_mlp(layers["v_torso"], obs, np.tanh)
-    (wp, bp), (wv, bv) = layers["pi_head"], layers["v_head"]
-    return h @ wp + bp, (hv @ wv + bv)[:, 0]
-
-
-def categorical_act(logits: np.ndarray, rng: np.random.Generator | None) -> tuple[np.ndarray, np.ndarray]:
-    """Sampled (rng given) or greedy actions and their log-probs."""
-    shifted = logits - logits.max(axis=1, keepdims=True)
-    logp_all = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
-    if rng is None:
-        a = logp_all.argmax(axis=1)
-    else:  # inverse CDF: one uniform per row
-        cdf = np.exp(logp_all).cumsum(axis=1)
-        a = np.minimum((cdf < rng.random((len(cdf), 1)) * cdf[:, -1:]).sum(axis=1), cdf.shape[1] - 1)
-    return a, logp_all[np.arange(len(a)), a].astype(np.float32)
-
-
-def gaussian_act(mean: np.ndarray, log_std: np.ndarray, rng: np.random.Generator | None
-                 ) -> tuple[np.ndarray, np.ndarray]:
-    """Sampled (rng given) or mean actions in the normalised space, and their log-probs."""
-    noise = rng.standard_normal(mean.shape).astype(np.float32) if rng is not None else np.zeros_like(mean)
-    a = mean + np.exp(log_std) * noise
-    logp = -(0.5 * noise * noise + log_std + _HALF_LOG_2PI).sum(axis=1)
-    return a.astype(np.float32), logp.astype(np.float32)
-
-
-# --- policy -----------------------------------------------------------------------
-class ActorCriticPolicy(Policy):
-    """Samples (explore) or takes the mode (evaluator); extras: logp, value (+ raw_action for Box).
-
-    Acting runs the net in numpy: for a few dozen rows torch's per-op overhead
-    makes it ~3x slower. `self.net` stays loaded for subclasses that need autograd (A3C).
-    """
-
-    def __init__(self, spec: EnvSpec, cfg, worker_index: int, seed: int):
-        from gymnasium import spaces
-
-        self.cfg = cfg
-        self.net = build_net(spec, cfg)
-        self.net.eval()
-        self.box = BoxScaler(spec.action_space) if isinstance(spec.action_space, spaces.Box) else None
-        self.worker_index = worker_index
-        self.rng = np.random.default_rng(seed)  # saved with the worker's state at checkpoints
-        self._np = numpy_net(to_numpy_weights(self.net))
-
-    def set_weights(self, weights: Weights, version: int) -> None:
-        load_numpy_weights(self.net, weights)
-        self._np = numpy_net(weights)
-        self.version = version
-
-    def act(self, obs: np.ndarray, explore: bool):
-        out, value = numpy_forward(self._np, np.asarray(obs, np.float32).reshape(len(obs), -1))
-        if self.box is None:
-            a, logp = categorical_act(out, self.rng if explore else None)
-            return a, {"logp": logp, "value": value}
-        a, logp = gaussian_act(out, self._np["log_std"], self.rng if explore else None)
-        return self.box.to_env(a), {"logp": logp, "value": value, "raw_action": a}
-
-    def postprocess(self, traj: Trajectory) -> tuple[Batch, None]:
-        actions = traj.extras.get("raw_action", traj.actions)
-        return {
-            "obs": traj.obs.astype(np.float32, copy=False),
-            "actions": actions,
-            "rewards": traj.rewards.astype(np.float32, copy=False),
-            "terminated": traj.terminated.astype(bool, copy=False),
-            "truncated": traj.truncated.astype(bool, copy=False),
-            "next_obs": traj.next_obs.astype(np.float32, copy=False),
-            "logp": traj.extras["logp"].astype(np.float32, copy=False),
-        }, None
 
 
 # --- learning ---------------------------------------------------------------------
@@ -259,9 +176,8 @@ class ActorCriticLearner(Learner):
 
 
 class ActorCriticAlgorithm(Algorithm):
-    """Config section = `cfg.<name>`; subclasses set name, learner_cls (and maybe policy_cls)."""
+    """Config section = `cfg.<name>`; subclasses set name and learner_cls (the policy is in the registry)."""
 
-    policy_cls: type[ActorCriticPolicy] = ActorCriticPolicy
     learner_cls: type[ActorCriticLearner] = ActorCriticLearner
 
     @property
@@ -272,8 +188,10 @@ class ActorCriticAlgorithm(Algorithm):
     def check_spec(cls, spec: EnvSpec) -> str | None:
         return spec_problem(cls.name, spec, discrete=True, box=True)
 
-    def make_policy(self, worker_index: int, num_workers: int) -> ActorCriticPolicy:
-        return self.policy_cls(self.spec, self.section, worker_index, self.cfg.seed + 1000 + worker_index)
+    def make_policy(self, worker_index: int, num_workers: int) -> Policy:
+        from distrl.algos import make_policy
+
+        return make_policy(self.cfg, self.spec, worker_index, num_workers)
 
     def make_learner(self, device: str) -> ActorCriticLearner:
         torch.manual_seed(self.cfg.seed)

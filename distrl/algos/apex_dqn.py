@@ -3,7 +3,8 @@
 Workers act epsilon-greedily with per-worker epsilons (Horgan et al., 2018:
 eps_i = eps ** (1 + alpha * i / (N - 1))) and compute each transition's
 initial priority |TD error| from their own Q-values; the learner trains on
-importance-weighted Huber loss and returns fresh priorities.
+importance-weighted Huber loss and returns fresh priorities. The acting half
+(`DQNPolicy`) is in `distrl.algos.apex_dqn_acting`, free of torch.
 """
 from __future__ import annotations
 
@@ -15,10 +16,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from distrl.algos.common import (ReplayAlgorithm, adam, as_tensors, load_numpy_weights, mlp, numpy_linear,
-                                 numpy_mlp, numpy_relu, numpy_sequential, to_numpy_weights)
-from distrl.core import Batch, EnvSpec, Learner, Policy, Trajectory, Weights
-from distrl.replay import nstep_transitions
+from distrl.algos.common import ReplayAlgorithm, adam, as_tensors, mlp, to_numpy_weights
+from distrl.core import Batch, EnvSpec, Learner, Weights
 
 
 class QNetwork(nn.Module):
@@ -37,80 +36,9 @@ class QNetwork(nn.Module):
         return self.value(h) + adv - adv.mean(dim=1, keepdim=True)
 
 
-def worker_epsilon(cfg, worker_index: int, num_workers: int, env_steps: int) -> float:
-    """Ape-X's fixed per-worker epsilon, or a linear decay for a lone worker."""
-    if worker_index < 0:
-        return 0.0
-    if num_workers == 1:
-        frac = min(1.0, env_steps / cfg.eps_decay_steps)
-        return cfg.eps_start + frac * (cfg.eps_end - cfg.eps_start)
-    return cfg.eps ** (1.0 + cfg.eps_alpha * worker_index / (num_workers - 1))
-
-
-def _numpy_layers(weights: Weights) -> dict:
-    """(W^T, b) pairs of the torso's Linear layers and of the heads."""
-    return {"torso": numpy_sequential(weights, "torso"), "adv": numpy_linear(weights, "advantage"),
-            "value": numpy_linear(weights, "value") if "value.weight" in weights else None}
-
-
 def _build_q(spec: EnvSpec, cfg) -> QNetwork:
     obs_dim = int(np.prod(spec.observation_space.shape))
     return QNetwork(obs_dim, int(spec.action_space.n), list(cfg.hidden), cfg.dueling)
-
-
-class DQNPolicy(Policy):
-    def __init__(self, spec: EnvSpec, cfg, worker_index: int, num_workers: int, seed: int):
-        self.cfg = cfg
-        self.q = _build_q(spec, cfg)
-        self.q.eval()
-        self.num_actions = int(spec.action_space.n)
-        self.worker_index, self.num_workers = worker_index, num_workers
-        self.rng = np.random.default_rng(seed)
-        self.env_steps = 0
-        self._np = _numpy_layers(to_numpy_weights(self.q))
-
-    @property
-    def epsilon(self) -> float:
-        return worker_epsilon(self.cfg, self.worker_index, self.num_workers, self.env_steps)
-
-    def set_weights(self, weights: Weights, version: int) -> None:
-        load_numpy_weights(self.q, weights)
-        self._np = _numpy_layers(weights)
-        self.version = version
-
-    def q_values(self, obs: np.ndarray) -> np.ndarray:
-        """The Q-network in numpy: for a few dozen rows it is ~5x faster than torch's per-op overhead."""
-        h = numpy_mlp(self._np["torso"], np.asarray(obs, np.float32), numpy_relu)
-        adv = h @ self._np["adv"][0] + self._np["adv"][1]
-        if self._np["value"] is None:
-            return adv
-        w, b = self._np["value"]
-        return (h @ w + b) + adv - adv.mean(axis=1, keepdims=True)
-
-    def observe_steps(self, env_steps: int) -> None:
-        self.env_steps = env_steps
-
-    def act(self, obs: np.ndarray, explore: bool):
-        q = self.q_values(obs)
-        actions = q.argmax(axis=1)
-        if explore:
-            random = self.rng.random(len(obs)) < self.epsilon
-            actions = np.where(random, self.rng.integers(0, self.num_actions, len(obs)), actions)
-        return actions, {"q": q}
-
-    def postprocess(self, traj: Trajectory) -> tuple[Batch, np.ndarray]:
-        c = self.cfg
-        items = nstep_transitions(traj.obs, traj.actions, traj.rewards, traj.terminated,
-                                  traj.truncated, traj.next_obs, c.gamma, c.n_step)
-        items.pop("nsteps", None)
-        items["obs"] = items["obs"].astype(np.float32, copy=False)
-        items["next_obs"] = items["next_obs"].astype(np.float32, copy=False)
-        # Initial priority (Ape-X): |TD error| under this worker's own Q-values.
-        q_taken = np.take_along_axis(traj.extras["q"].reshape(len(items["actions"]), -1),
-                                     items["actions"].reshape(-1, 1).astype(np.int64), axis=1)[:, 0]
-        q_next = self.q_values(items["next_obs"]).max(axis=1)
-        td = items["rewards"] + items["discounts"] * q_next - q_taken
-        return items, np.abs(td)
 
 
 class DQNLearner(Learner):
@@ -174,7 +102,7 @@ class DQNLearner(Learner):
 
 class ApexDQN(ReplayAlgorithm):
     name = "apex_dqn"
-    policy_cls, learner_cls = DQNPolicy, DQNLearner
+    learner_cls = DQNLearner
     discrete, box = True, False
 
 

@@ -1,13 +1,21 @@
-"""Small torch helpers shared by algorithm files (no ray, no env code)."""
+"""Small helpers shared by algorithm files (no ray, no env code).
+
+Importing this module does not import torch: the acting halves use its numpy
+helpers in processes that never load torch. The torch helpers import it when called.
+"""
 from __future__ import annotations
 
 import warnings
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-from torch import nn
 
-from distrl.core import Algorithm, Weights
+from distrl.core import Algorithm, Batch, Trajectory, Weights
+from distrl.replay import nstep_transitions
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 
 class BoxScaler:
@@ -48,7 +56,6 @@ def spec_problem(name: str, spec, discrete: bool, box: bool) -> str | None:
 class ReplayAlgorithm(Algorithm):
     """An off-policy algorithm: its policy and learner are built from the config section `cfg.<name>`."""
 
-    policy_cls: type
     learner_cls: type
     discrete = False  # action spaces it takes
     box = False
@@ -58,15 +65,22 @@ class ReplayAlgorithm(Algorithm):
         return spec_problem(cls.name, spec, discrete=cls.discrete, box=cls.box)
 
     def make_policy(self, worker_index: int, num_workers: int):
-        seed = self.cfg.seed + 1000 + worker_index  # evaluator (-1) and each worker differ
-        return self.policy_cls(self.spec, getattr(self.cfg, self.name), worker_index, num_workers, seed)
+        from distrl.algos import make_policy
+
+        return make_policy(self.cfg, self.spec, worker_index, num_workers)
 
     def make_learner(self, device: str):
+        import torch
+
         torch.manual_seed(self.cfg.seed)
         return self.learner_cls(self.spec, getattr(self.cfg, self.name), device)
 
 
-def mlp(sizes: list[int], activation=nn.ReLU, last_activation: bool = True) -> nn.Sequential:
+def mlp(sizes: list[int], activation=None, last_activation: bool = True) -> nn.Sequential:
+    """Linear layers with `activation` (a module class, default ReLU) between them and, optionally, after."""
+    from torch import nn
+
+    activation = activation or nn.ReLU
     layers: list[nn.Module] = []
     for i in range(len(sizes) - 1):
         layers.append(nn.Linear(sizes[i], sizes[i + 1]))
@@ -91,6 +105,16 @@ def numpy_sequential(weights: Weights, prefix: str) -> list[tuple[np.ndarray, np
     return [numpy_linear(weights, f"{prefix}.{i}") for i in indices]
 
 
+def nstep_items(traj: Trajectory, gamma: float, n_step: int) -> Batch:
+    """A trajectory's n-step transitions as replay stores them (float32 observations)."""
+    items = nstep_transitions(traj.obs, traj.actions, traj.rewards, traj.terminated,
+                              traj.truncated, traj.next_obs, gamma, n_step)
+    items.pop("nsteps", None)
+    items["obs"] = items["obs"].astype(np.float32, copy=False)
+    items["next_obs"] = items["next_obs"].astype(np.float32, copy=False)
+    return items
+
+
 def numpy_relu(x: np.ndarray) -> np.ndarray:
     return np.maximum(x, 0.0)
 
@@ -103,16 +127,22 @@ def numpy_mlp(layers: list[tuple[np.ndarray, np.ndarray]], x: np.ndarray, activa
 
 
 def load_numpy_weights(module: nn.Module, weights: Weights) -> None:
+    import torch
+
     module.load_state_dict({k: torch.as_tensor(v) for k, v in weights.items()})
 
 
 def adam(params, lr: float, device: str) -> torch.optim.Adam:
+    import torch
+
     # The fused kernel is ~30% faster per update on CPU for our small networks.
     return torch.optim.Adam(params, lr=lr, fused=device.startswith(("cpu", "cuda")))
 
 
 def as_tensors(batch: dict[str, np.ndarray], device: str) -> dict[str, torch.Tensor]:
     """Zero-copy on CPU; ignores private keys (leading underscore)."""
+    import torch
+
     return {k: torch.as_tensor(v, device=device) for k, v in batch.items() if not k.startswith("_")}
 
 

@@ -4,7 +4,8 @@ Twin Q critics with Polyak-averaged targets, a tanh-squashed Gaussian actor and
 an automatically tuned entropy temperature (log-alpha parameterisation). The
 policy works in [-1, 1]^d; actions are rescaled to the env's Box bounds only at
 the env boundary, and mapped back before they are stored, so the learner only
-ever sees normalised actions.
+ever sees normalised actions. The acting half (`SACPolicy`) is in
+`distrl.algos.sac_acting`, free of torch.
 """
 from __future__ import annotations
 
@@ -17,13 +18,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from distrl.algos.common import (BoxScaler, ReplayAlgorithm, adam, as_tensors, load_numpy_weights, mlp,
-                                 numpy_linear, numpy_mlp, numpy_relu, numpy_sequential, to_numpy_weights)
+from distrl.algos.common import ReplayAlgorithm, adam, as_tensors, mlp, to_numpy_weights
 from distrl.algos.flat import FlatAdam, FlatParams
-from distrl.core import Batch, EnvSpec, Learner, Policy, Trajectory, Weights
-from distrl.replay import nstep_transitions
+from distrl.algos.sac_acting import LOG_STD_MAX, LOG_STD_MIN, spec_dims
+from distrl.core import Batch, EnvSpec, Learner, Weights
 
-LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 _LOG2 = math.log(2.0)
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 
@@ -213,69 +212,11 @@ class TwinQ(nn.Module):
         return x.squeeze(-1)
 
 
-def _numpy_actor(weights: Weights) -> dict:
-    return {"torso": numpy_sequential(weights, "torso"), "head": numpy_linear(weights, "head")}
-
-
-def _dims(spec: EnvSpec) -> tuple[int, int]:
-    return int(np.prod(spec.observation_space.shape)), int(np.prod(spec.action_space.shape))
-
-
-# --- policy ---------------------------------------------------------------------
-class SACPolicy(Policy):
-    def __init__(self, spec: EnvSpec, cfg, worker_index: int, num_workers: int, seed: int):
-        self.cfg = cfg
-        obs_dim, self.act_dim = _dims(spec)
-        self.actor = Actor(obs_dim, self.act_dim, list(cfg.hidden))
-        self.actor.eval()
-        self.scaler = BoxScaler(spec.action_space)
-        self.worker_index = worker_index
-        self.random_steps = cfg.random_steps / max(1, num_workers) if worker_index >= 0 else 0
-        self.rng = np.random.default_rng(seed)
-        self.env_steps = 0
-        self._np = _numpy_actor(to_numpy_weights(self.actor))
-
-    def set_weights(self, weights: Weights, version: int) -> None:
-        load_numpy_weights(self.actor, weights)
-        self._np = _numpy_actor(weights)
-        self.version = version
-
-    def mean_log_std(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Actor.forward in numpy: for a few dozen rows ~3x faster than torch's per-op overhead."""
-        h = numpy_mlp(self._np["torso"], np.asarray(obs, np.float32).reshape(len(obs), -1), numpy_relu)
-        w, b = self._np["head"]
-        mean, raw = np.split(h @ w + b, 2, axis=1)
-        return mean, LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (np.tanh(raw) + 1.0)
-
-    def observe_steps(self, env_steps: int) -> None:
-        self.env_steps = env_steps
-
-    def act(self, obs: np.ndarray, explore: bool):
-        n = len(obs)
-        if explore and self.env_steps < self.random_steps:
-            a = self.rng.uniform(-1.0, 1.0, (n, self.act_dim))
-        else:
-            mean, log_std = self.mean_log_std(obs)
-            u = mean + np.exp(log_std) * self.rng.standard_normal(mean.shape) if explore else mean
-            a = np.tanh(u)
-        return self.scaler.to_env(a), {}
-
-    def postprocess(self, traj: Trajectory) -> tuple[Batch, None]:
-        c = self.cfg
-        items = nstep_transitions(traj.obs, traj.actions, traj.rewards, traj.terminated,
-                                  traj.truncated, traj.next_obs, c.gamma, c.n_step)
-        items.pop("nsteps", None)
-        items["obs"] = items["obs"].astype(np.float32, copy=False)
-        items["next_obs"] = items["next_obs"].astype(np.float32, copy=False)
-        items["actions"] = self.scaler.to_unit(items["actions"])
-        return items, None
-
-
 # --- learner --------------------------------------------------------------------
 class SACLearner(Learner):
     def __init__(self, spec: EnvSpec, cfg, device: str):
         self.cfg, self.device = cfg, device
-        obs_dim, act_dim = _dims(spec)
+        obs_dim, act_dim = spec_dims(spec)
         hidden = list(cfg.hidden)
         self.actor = Actor(obs_dim, act_dim, hidden).to(device)
         self.critic = TwinQ(obs_dim + act_dim, hidden).to(device)
@@ -409,7 +350,7 @@ class SACLearner(Learner):
 
 class SAC(ReplayAlgorithm):
     name = "sac"
-    policy_cls, learner_cls = SACPolicy, SACLearner
+    learner_cls = SACLearner
     discrete, box = False, True
 
 

@@ -13,12 +13,7 @@ import ray
 
 from distrl.config import from_dict
 from distrl.learning import TrainStats, store_nbytes
-
-
-def _setup_torch() -> None:
-    import torch
-
-    torch.set_num_threads(1)
+from distrl.threads import one_compute_thread
 
 
 class HeapTrimmer:
@@ -187,11 +182,11 @@ class RolloutWorker:
 
     def __init__(self, cfg_dict: dict, worker_index: int, num_workers: int, ps):
         ps.register_worker.remote(worker_index)  # first thing: a restart is counted even if we die in start-up
-        _setup_torch()
         from distrl.rollout import Rollout
+        from distrl.runtime.local import acting_policy
 
-        cfg, algo = _algorithm(cfg_dict)
-        self.policy = algo.make_policy(worker_index, num_workers)
+        cfg = from_dict(cfg_dict)
+        self.policy = acting_policy(cfg, worker_index, num_workers)
         self.rollout = Rollout(self.policy, cfg.env.id, cfg.env.num_envs, cfg.rollout.fragment_length,
                                cfg.seed + worker_index, worker_index, cfg.env.kwargs)
         self.ps = ps
@@ -242,7 +237,7 @@ class Learner:
     """The only optimizer.step(). Prefetches its next block of batches while it trains."""
 
     def __init__(self, cfg_dict: dict, ps, replay, device: str):
-        _setup_torch()
+        one_compute_thread(load_torch=True)
         cfg, algo = _algorithm(cfg_dict)
         self.cfg = cfg
         self.learner = algo.make_learner(device)
@@ -329,11 +324,11 @@ class Evaluator:
     """Plays greedy episodes with the newest published weights; keeps the best checkpoint."""
 
     def __init__(self, cfg_dict: dict, ps, run_dir: str, start_time: float, resume: dict | None = None):
-        _setup_torch()
         from distrl.evaluation import Evaluation
+        from distrl.runtime.local import acting_policy
 
-        cfg, algo = _algorithm(cfg_dict)
-        self.evaluation = Evaluation(algo.make_policy(-1, 1), cfg, run_dir, start_time, **(resume or {}))
+        cfg = from_dict(cfg_dict)
+        self.evaluation = Evaluation(acting_policy(cfg, -1, 1), cfg, run_dir, start_time, **(resume or {}))
         self.ps = ps
         self.version = -1
         self.weights = None
@@ -350,3 +345,6 @@ class Evaluator:
 
     def ping(self) -> bool:
         return True
+
+    def pid(self) -> int:
+        return os.getpid()

@@ -17,6 +17,7 @@ from distrl.config import Config, from_dict, to_dict
 from distrl.core import FragmentInfo
 from distrl.learning import TrainStats, learn_block, make_store, next_block, write_priorities
 from distrl.rollout import Rollout
+from distrl.threads import one_compute_thread
 
 
 def build_algorithm(cfg: Config):
@@ -26,20 +27,26 @@ def build_algorithm(cfg: Config):
     return get_algorithm_class(cfg.algo)(cfg, env_spec(cfg.env.id, cfg.env.kwargs))
 
 
+def acting_policy(cfg: Config, worker_index: int, num_workers: int):
+    """The policy alone, without the learner's module: for most algorithms the process never loads torch."""
+    from distrl.algos import make_policy
+    from distrl.envs import env_spec
+
+    policy = make_policy(cfg, env_spec(cfg.env.id, cfg.env.kwargs), worker_index, num_workers)
+    one_compute_thread()  # and torch's, if the policy loaded it (A3C computes gradients with it)
+    return policy
+
+
 def evaluator_main(cfg_dict: dict, run_dir: str, start_time: float, inbox, outbox,
                    resume: dict | None = None) -> None:
     """Evaluator process: score each (weights, version, env_steps) it receives."""
     import os
 
-    import torch
-
-    torch.set_num_threads(1)
     from distrl.evaluation import Evaluation
 
     parent = os.getppid()
     cfg = from_dict(cfg_dict)
-    algo = build_algorithm(cfg)
-    evaluation = Evaluation(algo.make_policy(-1, 1), cfg, run_dir, start_time, **(resume or {}))
+    evaluation = Evaluation(acting_policy(cfg, -1, 1), cfg, run_dir, start_time, **(resume or {}))
     outbox.put("ready")
     while True:
         try:
@@ -106,9 +113,7 @@ class LocalRoles:
     mode = "single"
 
     def __init__(self, cfg: Config, run_dir: str, start_time: float, eval_resume: dict | None = None):
-        import torch
-
-        torch.set_num_threads(1)
+        one_compute_thread(load_torch=True)
         self.cfg = cfg
         self.evaluator = LocalEvaluator(cfg, run_dir, start_time, eval_resume)  # first: overlaps its start-up
         algo = build_algorithm(cfg)

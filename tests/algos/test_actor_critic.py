@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from distrl.algos.common import BoxScaler as BoxMap
-from distrl.algos.actor_critic import (ActorCriticAlgorithm, Categorical, DiagGaussian,
-                                       actor_critic_loss, categorical_act, gaussian_act)
+from distrl.algos.actor_critic import ActorCriticAlgorithm, Categorical, DiagGaussian, actor_critic_loss
+from distrl.algos.actor_critic_acting import categorical_act, gaussian_act
 from distrl.algos.ppo import PPO
 from distrl.config import load_config
 from distrl.core import EnvSpec, Trajectory
@@ -20,6 +20,7 @@ def make_policy(env_id, worker=0, **over):
     learner = algo.make_learner("cpu")
     policy = algo.make_policy(worker, 1)
     policy.set_weights(learner.get_weights(), 0)
+    policy.net = learner.net  # the torch reference: policies act in numpy and hold no torch net
     return policy
 
 

@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 import torch
 
-from distrl.algos.apex_dqn import ApexDQN, worker_epsilon
+from distrl.algos.apex_dqn import ApexDQN
+from distrl.algos.apex_dqn_acting import worker_epsilon
 from distrl.config import load_config
 from distrl.core import Trajectory
 from distrl.envs import env_spec
@@ -57,6 +58,8 @@ def test_double_dqn_target_and_terminal_discount(algo):
 
 def test_worker_priorities_are_abs_td_under_own_q(algo):
     policy = algo.make_policy(0, 2)
+    q_net = algo.make_learner("cpu").q  # the reference: the torch network whose weights the worker acts with
+    policy.set_weights({k: v.detach().numpy() for k, v in q_net.state_dict().items()}, 0)
     T, E = 3, 2
     rng = np.random.default_rng(1)
     obs = rng.normal(size=(T, E, 4)).astype(np.float32)
@@ -67,7 +70,7 @@ def test_worker_priorities_are_abs_td_under_own_q(algo):
                       next_obs, {"q": extras["q"].reshape(T, E, 2)})
     items, prios = policy.postprocess(traj)
     with torch.no_grad():
-        q_next = policy.q(torch.as_tensor(next_obs.reshape(T * E, 4))).numpy().max(1)
+        q_next = q_net(torch.as_tensor(next_obs.reshape(T * E, 4))).numpy().max(1)
     q_taken = extras["q"][np.arange(T * E), actions]
     disc = np.full(T * E, 0.9, np.float32)
     disc[1] = 0.0  # env 1 terminated at t=0

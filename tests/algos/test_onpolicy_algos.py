@@ -238,3 +238,4 @@ def test_a3c_rejects_concatenated_messages():
     msg["version"] = np.array([0, 0], np.int32)
     with pytest.raises(ValueError, match="one gradient message"):
         learner.update(msg)
+

@@ -165,7 +165,8 @@ def test_policy_actions_in_bounds_and_postprocess_normalises():
 
 def test_greedy_actions_deterministic_and_evaluator_never_random():
     algo = _algo(random_steps=10_000)
-    weights = algo.make_learner("cpu").get_weights()
+    learner = algo.make_learner("cpu")
+    weights = learner.get_weights()
     evaluator = algo.make_policy(-1, 1)
     evaluator.set_weights(weights, 0)
     obs = np.random.default_rng(0).standard_normal((5, 3)).astype(np.float32)
@@ -173,7 +174,7 @@ def test_greedy_actions_deterministic_and_evaluator_never_random():
     a2, _ = evaluator.act(obs, explore=False)
     np.testing.assert_array_equal(a1, a2)
     with torch.no_grad():
-        mean, _ = evaluator.actor(torch.as_tensor(obs))
+        mean, _ = learner.actor(torch.as_tensor(obs))
     np.testing.assert_allclose(a1, 2.0 * np.tanh(mean.numpy()), rtol=1e-5, atol=1e-6)
 
 

@@ -8,13 +8,17 @@ from distrl.config import load_config
 from distrl.runtime.cluster import RayRoles, heap_runtime_env
 
 
-def _maps_jemalloc(pid: int) -> bool:
+def _maps(pid: int, lib: str) -> bool:
     with open(f"/proc/{pid}/maps") as f:
-        return "libjemalloc" in f.read()
+        return lib in f.read()
+
+
+def _maps_jemalloc(pid: int) -> bool:
+    return _maps(pid, "libjemalloc")
 
 
 @pytest.mark.skipif(not heap_runtime_env(), reason="no jemalloc bundled with this Ray (or LD_PRELOAD set)")
-def test_learner_and_replay_server_run_on_jemalloc_and_workers_do_not(ray_session, tmp_path):
+def test_learner_and_replay_server_run_on_jemalloc_and_only_the_learner_loads_torch(ray_session, tmp_path):
     cfg = load_config(os.path.join(os.path.dirname(__file__), "..", "..", "configs", "apex_dqn_cartpole.yaml"),
                       ["mode=async", "workers=1", "log.tensorboard=false"])
     roles = RayRoles(cfg, str(tmp_path), 0.0)
@@ -22,5 +26,9 @@ def test_learner_and_replay_server_run_on_jemalloc_and_workers_do_not(ray_sessio
         assert _maps_jemalloc(ray.get(roles.learner.pid.remote()))
         assert _maps_jemalloc(roles.replay_pid)
         assert not _maps_jemalloc(roles.worker_pids()[0])
+        # Only the learner loads torch: workers and the evaluator act in numpy.
+        assert _maps(ray.get(roles.learner.pid.remote()), "libtorch_cpu")
+        for pid in (roles.worker_pids()[0], ray.get(roles.evaluator.pid.remote()), roles.replay_pid):
+            assert not _maps(pid, "libtorch_cpu"), pid
     finally:
         roles.close()

@@ -1,0 +1,47 @@
+"""The algorithm registry: policies come without the learner's module (and, but for A3C, without torch)."""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from distrl.algos import ALGOS, get_algorithm_class
+from distrl.config import load_config
+from distrl.envs import env_spec
+
+
+def _env(name: str) -> str:
+    return "Pendulum-v1" if name == "sac" else "CartPole-v1"
+
+
+@pytest.mark.parametrize("name", sorted(ALGOS))
+def test_policies_act_only_after_set_weights(name):
+    cfg = load_config(None, [f"algo={name}", f"{name}.hidden=[16, 16]"])
+    algo = get_algorithm_class(name)(cfg, env_spec(_env(name)))
+    policy = algo.make_policy(0, 1)
+    obs = np.zeros((2, algo.spec.observation_space.shape[0]), np.float32)
+    with pytest.raises(RuntimeError, match="no weights yet: call set_weights first"):
+        policy.act(obs, explore=False)
+    policy.set_weights(algo.make_learner("cpu").get_weights(), 0)
+    actions, _ = policy.act(obs, explore=False)
+    assert len(actions) == 2
+
+
+def test_acting_processes_do_not_import_torch():
+    """What a rollout worker or the evaluator builds, in a fresh interpreter: torch stays unloaded."""
+    names = [n for n in sorted(ALGOS) if n != "a3c"]  # A3C's workers compute gradients with torch
+    code = f"""
+import sys
+from distrl.config import load_config
+from distrl.runtime.local import acting_policy
+from distrl.rollout import Rollout
+from distrl.evaluation import Evaluation
+for name, env in {[(n, _env(n)) for n in names]!r}:
+    cfg = load_config(None, ["algo=" + name, "env.id=" + env])
+    acting_policy(cfg, 0, 2)
+    acting_policy(cfg, -1, 1)
+print("torch" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
