@@ -267,13 +267,20 @@ class SACLearner(Learner):
         b = {k: np.asarray(batch[k], np.float32) for k in ("obs", "next_obs", "actions", "rewards", "discounts")}
         if batch.get("weights") is not None:
             b["weights"] = np.asarray(batch["weights"], np.float32)
-        stats = numpy_sac_grads(self._np["actor"], self._np["critic"], self._np["target"], self._grads, b, noise,
-                                float(self._log_alpha), self.target_entropy)
-        if not self.cfg.autotune_alpha:
-            self._grads["log_alpha"][()] = 0.0  # Adam then leaves the temperature where it is
-        self.adam.step(self.grad_flat)
-        target = self.flat_target.flat
-        target += self.cfg.tau * (self._critic_flat - target)
+        # Denormals flushed to zero (x86 FTZ/DAZ, this thread, numpy included) for the update only:
+        # Adam's moments of zero-gradient parameters (dead ReLUs) decay into the denormal range,
+        # where each op is ~6x slower (the Adam step: 63 -> 362 us late in a run).
+        torch.set_flush_denormal(True)
+        try:
+            stats = numpy_sac_grads(self._np["actor"], self._np["critic"], self._np["target"], self._grads, b,
+                                    noise, float(self._log_alpha), self.target_entropy)
+            if not self.cfg.autotune_alpha:
+                self._grads["log_alpha"][()] = 0.0  # Adam then leaves the temperature where it is
+            self.adam.step(self.grad_flat)
+            target = self.flat_target.flat
+            target += self.cfg.tau * (self._critic_flat - target)
+        finally:
+            torch.set_flush_denormal(False)  # the process's default: other code may need denormals
         self.updates += 1
         return {"loss": stats["loss_critic"], **stats}
 

@@ -353,3 +353,11 @@ def test_checkpoints_cross_between_the_numpy_and_autograd_paths():
         torch.manual_seed(4)
         learner.update(_batch(PENDULUM, seed=4))
     _assert_same_learners(back, ref)
+
+
+def test_numpy_update_leaves_denormals_representable():
+    """The update flushes denormals only while it runs: the caller's floating-point mode is restored."""
+    learner = _algo().make_learner("cpu")
+    learner.update(_batch(PENDULUM))
+    tiny = np.full(4, 1e-39, np.float32)  # a float32 denormal
+    assert float((tiny * np.float32(1.0)).min()) > 0.0

@@ -23,9 +23,10 @@ def kill_workers(times: int, run_dir: str, log: list) -> None:
     deadline = time.time() + 120
     while len(log) < times and time.time() < deadline:
         now = time.time()
-        for pid in worker_pids():
+        pids = worker_pids()  # one listing: a worker restarted between two listings has no first_seen
+        for pid in pids:
             first_seen.setdefault(pid, now)
-        settled = [p for p in worker_pids() if now - first_seen[p] >= 4.0 and p not in log]
+        settled = [p for p in pids if now - first_seen[p] >= 4.0 and p not in log]
         if os.path.exists(metrics) and len(settled) >= 2:
             os.kill(settled[-1], signal.SIGKILL)
             log.append(settled[-1])
