@@ -69,20 +69,8 @@ def merge_optimizer_states(states: list[dict]) -> dict:
 
 
 # --- the same update by hand in numpy (the CPU path; tests check it against autograd) --
-def _np_actor_forward(layers, x: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
-    """Actor.forward's raw head output, and the input of every layer (for the backward pass)."""
-    inputs = []
-    for i, (w, b) in enumerate(layers):
-        inputs.append(x)
-        x = x @ w.T
-        x += b
-        if i < len(layers) - 1:
-            np.maximum(x, 0.0, out=x)
-    return x, inputs
-
-
-def _np_twin_forward(layers, x: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
-    """TwinQ.forward: (2, rows, 1) Q-values, and the input of every layer."""
+def _np_forward(layers, x: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+    """ReLU MLP on [(W (in, out), b)] layers (TwinQ's stacked ones too): output, and every layer's input."""
     inputs = []
     for i, (w, b) in enumerate(layers):
         inputs.append(x)
@@ -104,7 +92,7 @@ def numpy_sac_grads(actor, critic, target, grads, batch: Batch, noise: np.ndarra
     obs, next_obs, actions = batch["obs"], batch["next_obs"], batch["actions"]
     n, act_dim = actions.shape
     alpha = math.exp(log_alpha)
-    head, actor_inputs = _np_actor_forward(actor, np.concatenate([obs, next_obs]))
+    head, actor_inputs = _np_forward([(w.T, b) for w, b in actor], np.concatenate([obs, next_obs]))
     mean, raw = head[:, :act_dim], head[:, act_dim:]
     th = np.tanh(raw)
     half_range = 0.5 * (LOG_STD_MAX - LOG_STD_MIN)
@@ -116,10 +104,10 @@ def numpy_sac_grads(actor, critic, target, grads, batch: Batch, noise: np.ndarra
     log_pi = (2.0 * (u + np.logaddexp(0.0, -2.0 * u)) - 0.5 * noise * noise - log_std).sum(1) \
         - (_HALF_LOG_2PI + 2.0 * _LOG2) * act_dim
 
-    q_next, _ = _np_twin_forward(target, np.concatenate([next_obs, pi[n:]], axis=1))
+    q_next, _ = _np_forward(target, np.concatenate([next_obs, pi[n:]], axis=1))
     y = batch["rewards"] + batch["discounts"] * (np.minimum(q_next[0, :, 0], q_next[1, :, 0]) - alpha * log_pi[n:])
     # Critics on (obs, replayed action) for their loss and on (obs, policy action) for the actor's.
-    q_all, critic_inputs = _np_twin_forward(critic, np.concatenate(
+    q_all, critic_inputs = _np_forward(critic, np.concatenate(
         [np.concatenate([obs, obs]), np.concatenate([actions, pi[:n]])], axis=1))
     q, q_pi2 = q_all[:, :n, 0], q_all[:, n:, 0]
     td = q - y
