@@ -6,6 +6,7 @@ on-policy ones take fragments from a FIFO, each used for exactly one update.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,6 +32,20 @@ class TrainStats:
     wait_s: float = 0.0
     version: int = 0
     starved: bool = False  # the store had nothing to give
+    scalars: dict[str, list[float]] = field(default_factory=dict)  # name -> [sum, count] of learner stats
+
+    def add_scalars(self, out: dict) -> None:
+        """Sum the learner's scalar diagnostics (alpha, entropy, KL, ...) for the driver's log."""
+        for k, v in out.items():
+            if k not in NOT_LOGGED and isinstance(v, (float, int, np.floating, np.integer)) \
+                    and not isinstance(v, bool) and math.isfinite(v):
+                acc = self.scalars.setdefault(k, [0.0, 0])
+                acc[0] += float(v)
+                acc[1] += 1
+
+
+# Already metrics.csv columns, or running totals whose per-interval mean means nothing.
+NOT_LOGGED = {"loss", "dropped", "dropped_total", "policy_lag", "optimizer_steps"}
 
 
 def make_store(cfg) -> ReplayBuffer | FragmentQueue:
@@ -87,6 +102,7 @@ def learn_block(learner: Learner, block: Block, stats: TrainStats) -> np.ndarray
         else:
             stats.updates += 1
         stats.loss_sum += float(out.get("loss", 0.0))
+        stats.add_scalars(out)
         if "priorities" in out:
             if priorities is None:
                 priorities = np.empty((k, len(out["priorities"])), np.float64)

@@ -1,7 +1,8 @@
-"""metrics.csv rows, TensorBoard scalars and a console progress line, from one dict."""
+"""metrics.csv rows, learner.jsonl diagnostics, TensorBoard scalars and a console progress line."""
 from __future__ import annotations
 
 import csv
+import json
 import math
 import os
 import sys
@@ -30,6 +31,8 @@ class MetricsLogger:
         if not append:
             self._csv.writeheader()
         self._fh.flush()
+        # The learner's own diagnostics differ per algorithm, so they get a schema-free file.
+        self._learner_fh = open(os.path.join(run_dir, "learner.jsonl"), "a" if append else "w")
         self.progress_lines = progress and not sys.stderr.isatty()  # plain lines when not a terminal
         self._bar = None
         if progress and sys.stderr.isatty():
@@ -43,15 +46,22 @@ class MetricsLogger:
 
             self._tb = SummaryWriter(os.path.join(run_dir, "tb"))
 
-    def row(self, row: dict) -> None:
+    def row(self, row: dict, learner: dict[str, float] | None = None) -> None:
+        """One log interval: `row` has METRIC_COLUMNS; `learner` the means of the learner's scalars."""
         self._csv.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in METRIC_COLUMNS})
         self._fh.flush()
+        if learner:
+            where = {k: row[k] for k in ("wall_s", "env_steps", "updates")}
+            self._learner_fh.write(json.dumps({**where, **learner}) + "\n")
+            self._learner_fh.flush()
         if self._tb is not None:
             step = int(row["env_steps"])
             for k in METRIC_COLUMNS[3:]:
                 v = row.get(k)
                 if v is not None and not (isinstance(v, float) and math.isnan(v)):
                     self._tb.add_scalar(k, v, step)
+            for k, v in (learner or {}).items():
+                self._tb.add_scalar(f"learner/{k}", v, step)
         if self._bar is not None:
             self._bar.update(row["env_steps"] - self._bar.n)
             self._bar.set_postfix_str(
@@ -67,5 +77,6 @@ class MetricsLogger:
         if self._bar is not None:
             self._bar.close()
         self._fh.close()
+        self._learner_fh.close()
         if self._tb is not None:
             self._tb.close()

@@ -59,6 +59,7 @@ class Counters:
     all_lags: Reservoir = field(default_factory=Reservoir)
     loss_sum: float = 0.0
     loss_n: int = 0
+    learner_scalars: dict = field(default_factory=dict)  # name -> [sum, count] since the last log row
     ready: list = field(default_factory=list)
     late: list = field(default_factory=list)
     eval_last: dict | None = None
@@ -147,6 +148,10 @@ class Driver:
         self.c.lags.extend(stats.lags)
         self.c.all_lags.extend(stats.lags)
         self.c.loss_sum += stats.loss_sum
+        for k, (total, n) in stats.scalars.items():
+            acc = self.c.learner_scalars.setdefault(k, [0.0, 0])
+            acc[0] += total
+            acc[1] += n
         self.c.loss_n += stats.updates
 
     def _log_due(self) -> bool:
@@ -213,8 +218,9 @@ class Driver:
             "fragments_dropped": self.c.fragments_dropped, "worker_restarts": self.c.worker_restarts,
             "env_errors": self.c.env_errors, "gradients_dropped": self.c.dropped, "weight_version": self.c.version,
         }
-        self.logger.row(row)
-        self.c.lags, self.c.ready, self.c.late = [], [], []
+        learner = {k: total / n for k, (total, n) in sorted(self.c.learner_scalars.items()) if n}
+        self.logger.row(row, learner)
+        self.c.lags, self.c.ready, self.c.late, self.c.learner_scalars = [], [], [], {}
         self.c.loss_sum, self.c.loss_n = 0.0, 0
         self.last_log, self.last_log_steps, self.last_log_updates = now, self.c.env_steps, self.c.updates
 

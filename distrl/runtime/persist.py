@@ -12,7 +12,7 @@ import numpy as np
 
 from distrl.config import to_dict
 
-TRANSIENT = ("lags", "all_lags", "ready", "late")  # per-log-interval samples: not worth keeping
+TRANSIENT = ("lags", "all_lags", "ready", "late", "learner_scalars")  # per-log-interval samples: not worth keeping
 
 
 def _plain(x):

@@ -33,6 +33,9 @@ def test_algorithm_mode_end_to_end(request, tmp_path, config, mode, extra):
     assert summary["updates"] > 0 and summary["best_eval_return"] is not None
     assert json.load(open(os.path.join(run_dir, "summary.json")))["updates"] == summary["updates"]
     assert os.path.isfile(os.path.join(run_dir, "checkpoints", "best.safetensors"))
+    if config.startswith("sac"):  # SAC's temperature and entropy reach learner.jsonl
+        last = json.loads(open(os.path.join(run_dir, "learner.jsonl")).read().splitlines()[-1])
+        assert 0.0 < last["alpha"] < 1.0 and "entropy" in last and "q_mean" in last
     if config.startswith("a3c"):
         assert summary["gradients_dropped"] >= 0 and summary["policy_lag"]["max"] >= 0
 

@@ -39,6 +39,12 @@ def check_run_dir(run_dir, summary, mode):
     assert steps == sorted(steps) and steps[-1] == summary["env_steps"]
     assert any(r["policy_lag_mean"] for r in rows)
     assert any(r["eval_return_mean"] for r in rows)
+    # The learner's own diagnostics, averaged per log row: DQN reports its Q-values and gradient norm.
+    learner = [json.loads(line) for line in open(os.path.join(run_dir, "learner.jsonl"))]
+    assert learner and {"wall_s", "env_steps", "updates", "q_mean", "grad_norm"} <= set(learner[0])
+    assert "priorities" not in learner[0] and "loss" not in learner[0]
+    assert [r["updates"] for r in learner] == sorted(r["updates"] for r in learner)
+    assert learner[-1]["updates"] <= summary["updates"]
     return rows
 
 
