@@ -138,9 +138,11 @@ class Algorithm(abc.ABC):
         """Why this algorithm can't run on `spec`, or None if it can."""
         return None
 
-    @abc.abstractmethod
     def make_policy(self, worker_index: int, num_workers: int) -> Policy:
-        """A policy for worker `worker_index` (or -1 for the evaluator)."""
+        """A policy for worker `worker_index` (or -1 for the evaluator): the class the registry names."""
+        from distrl.algos import make_policy
+
+        return make_policy(self.cfg, self.spec, worker_index, num_workers)
 
     @abc.abstractmethod
     def make_learner(self, device: str) -> Learner:

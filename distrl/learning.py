@@ -39,9 +39,14 @@ class TrainStats:
         for k, v in out.items():
             if k not in NOT_LOGGED and isinstance(v, (float, int, np.floating, np.integer)) \
                     and not isinstance(v, bool) and math.isfinite(v):
-                acc = self.scalars.setdefault(k, [0.0, 0])
-                acc[0] += float(v)
-                acc[1] += 1
+                add_to_sums(self.scalars, k, float(v), 1)
+
+
+def add_to_sums(sums: dict[str, list[float]], name: str, total: float, count: int) -> None:
+    """sums[name] = [sum, count], accumulated: means taken later need both."""
+    acc = sums.setdefault(name, [0.0, 0])
+    acc[0] += total
+    acc[1] += count
 
 
 # Already metrics.csv columns, or running totals whose per-interval mean means nothing.

@@ -19,7 +19,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from distrl.algos.common import adam, as_tensors, mlp, spec_problem, to_numpy_weights
-from distrl.core import Algorithm, Batch, EnvSpec, Learner, Policy, Weights
+from distrl.core import Algorithm, Batch, EnvSpec, Learner, Weights
 
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 
@@ -187,11 +187,6 @@ class ActorCriticAlgorithm(Algorithm):
     @classmethod
     def check_spec(cls, spec: EnvSpec) -> str | None:
         return spec_problem(cls.name, spec, discrete=True, box=True)
-
-    def make_policy(self, worker_index: int, num_workers: int) -> Policy:
-        from distrl.algos import make_policy
-
-        return make_policy(self.cfg, self.spec, worker_index, num_workers)
 
     def make_learner(self, device: str) -> ActorCriticLearner:
         torch.manual_seed(self.cfg.seed)

@@ -64,11 +64,6 @@ class ReplayAlgorithm(Algorithm):
     def check_spec(cls, spec) -> str | None:
         return spec_problem(cls.name, spec, discrete=cls.discrete, box=cls.box)
 
-    def make_policy(self, worker_index: int, num_workers: int):
-        from distrl.algos import make_policy
-
-        return make_policy(self.cfg, self.spec, worker_index, num_workers)
-
     def make_learner(self, device: str):
         import torch
 

@@ -13,7 +13,7 @@ import numpy as np
 from distrl.algos import data_path
 from distrl.checkpoint import save_json
 from distrl.config import Config, dump_yaml
-from distrl.learning import fragments_per_update
+from distrl.learning import add_to_sums, fragments_per_update
 from distrl.observe import MetricsLogger
 from distrl.runtime import persist
 
@@ -149,9 +149,7 @@ class Driver:
         self.c.all_lags.extend(stats.lags)
         self.c.loss_sum += stats.loss_sum
         for k, (total, n) in stats.scalars.items():
-            acc = self.c.learner_scalars.setdefault(k, [0.0, 0])
-            acc[0] += total
-            acc[1] += n
+            add_to_sums(self.c.learner_scalars, k, total, n)
         self.c.loss_n += stats.updates
 
     def _log_due(self) -> bool:
