@@ -19,8 +19,9 @@ import numpy as np
 import torch
 
 from bench.common import ROOT, hardware, write_json
+from distrl.registry import make_policy
 from distrl.config import load_config
-from distrl.runtime.local import build_algorithm
+from distrl.roles.factory import build_algorithm
 
 
 def median_us(fn, calls: int, reps: int) -> float:
@@ -57,7 +58,7 @@ def act_costs(reps: int) -> dict:
     for name in ("ppo_lunarlander.yaml", "impala_lunarlander.yaml", "sac_lunarlander_continuous.yaml"):
         cfg = _config(name)
         algo = build_algorithm(cfg)
-        policy, learner = algo.make_policy(0, 1), algo.make_learner("cpu")
+        policy, learner = make_policy(algo.cfg, algo.spec, 0, 1), algo.make_learner("cpu")
         policy.set_weights(learner.get_weights(), 0)
         policy.env_steps = 10**9  # SAC: past its uniform-random warm-up
         obs = np.random.default_rng(0).normal(size=(8, 8)).astype(np.float32)

@@ -59,7 +59,7 @@ def role_pids() -> dict[str, list[int]]:
 def checkpoint_cost(transitions: int = 1_000_000) -> dict:
     """Write and read a whole-run checkpoint holding a full CartPole-shaped prioritized replay."""
     from distrl.replay import ReplayBuffer
-    from distrl.run_checkpoint import checkpoint_size, read_checkpoint, write_checkpoint
+    from distrl.checkpoint.run import checkpoint_size, read_checkpoint, write_checkpoint
 
     buf = ReplayBuffer(transitions, prioritized=True)
     rng = np.random.default_rng(0)

@@ -1,6 +1,6 @@
 """distrl: distributed deep RL on Ray and PyTorch that you can read in an afternoon."""
-from distrl.api import resume, train
+from distrl.api import evaluate, resume, train
 from distrl.config import Config, ConfigError, load_config
+from distrl.version import __version__
 
-__version__ = "0.1.0"
-__all__ = ["Config", "ConfigError", "load_config", "resume", "train", "__version__"]
+__all__ = ["Config", "ConfigError", "evaluate", "load_config", "resume", "train", "__version__"]

@@ -1,4 +1,4 @@
-"""The Python API: `train(config) -> summary`, usable from a notebook."""
+"""The Python API: `train(config) -> summary`, `resume(run_dir)`, `evaluate(run_dir)`; usable from a notebook."""
 from __future__ import annotations
 
 import os
@@ -10,14 +10,14 @@ from distrl.config import Config, ConfigError, apply_overrides, from_dict, load_
 
 def validate(cfg: Config) -> None:
     """Everything about a config that can be checked before a run dir exists."""
-    from distrl.algos import get_algorithm_class
     from distrl.envs import EnvError, env_spec
+    from distrl.registry import algorithm_class
 
     try:
         spec = env_spec(cfg.env.id, cfg.env.kwargs)
     except EnvError as e:
         raise ConfigError(str(e)) from None
-    algo = get_algorithm_class(cfg.algo)
+    algo = algorithm_class(cfg.algo)
     problem = algo.check_spec(spec)
     if problem:
         raise ConfigError(f"config key 'algo': {problem} ({cfg.env.id})")
@@ -63,9 +63,18 @@ def train(config: Config | dict | str | None = None, *, overrides: list[str] | N
     run_dir = run_dir or default_run_dir(cfg)
     if os.path.exists(os.path.join(run_dir, "config.yaml")):
         raise ConfigError(f"run dir {run_dir} already holds a run; choose another --run-dir")
-    from distrl.runtime.driver import run_training
+    from distrl.runtime.launch import run_training
 
     return run_training(cfg, run_dir, start, address)
+
+
+def _run_config(run_dir: str, overrides: list[str] | None = None) -> Config:
+    if not os.path.isdir(run_dir):
+        raise ConfigError(f"run dir not found: {run_dir}")
+    cfg_path = os.path.join(run_dir, "config.yaml")
+    if not os.path.isfile(cfg_path):
+        raise ConfigError(f"{run_dir} is not a distrl run dir (no config.yaml)")
+    return load_config(cfg_path, overrides)
 
 
 def resume(run_dir: str, *, overrides: list[str] | None = None, address: str | None = None) -> dict[str, Any]:
@@ -74,15 +83,32 @@ def resume(run_dir: str, *, overrides: list[str] | None = None, address: str | N
     `overrides` may change e.g. stop.* (the budget counts the time already spent).
     Raises ConfigError / CheckpointError on a missing run dir or a bad checkpoint.
     """
-    from distrl.runtime import persist
-    from distrl.runtime.driver import resume_training
+    from distrl.checkpoint.run import load_latest
+    from distrl.runtime.launch import resume_training
 
-    cfg_path = os.path.join(run_dir, "config.yaml")
-    if not os.path.isdir(run_dir):
-        raise ConfigError(f"run dir not found: {run_dir}")
-    if not os.path.isfile(cfg_path):
-        raise ConfigError(f"{run_dir} is not a distrl run dir (no config.yaml)")
-    cfg = load_config(cfg_path, overrides)
+    cfg = _run_config(run_dir, overrides)
     validate(cfg)
-    path, state = persist.load_latest(run_dir)
+    path, state = load_latest(run_dir)
     return resume_training(cfg, run_dir, path, state, address)
+
+
+def evaluate(run_dir: str, episodes: int = 20, seed: int = 12345) -> dict[str, Any]:
+    """Greedy episodes with a run's best checkpoint: {"env", "returns", "mean", "std", "version"}.
+
+    Raises ConfigError / CheckpointError on a missing run dir or a bad checkpoint.
+    """
+    import numpy as np
+
+    from distrl.checkpoint import load_weights
+    from distrl.roles.evaluation import play_greedy
+    from distrl.roles.factory import acting_policy
+
+    if episodes < 1:
+        raise ConfigError(f"episodes must be >= 1, got {episodes}")
+    cfg = _run_config(run_dir)
+    weights, meta = load_weights(os.path.join(run_dir, "checkpoints", "best.safetensors"))
+    policy = acting_policy(cfg, -1, 1)
+    policy.set_weights(weights, int(meta.get("version", 0)))
+    returns = play_greedy(policy, cfg.env.id, episodes, seed, cfg.env.kwargs)
+    return {"env": cfg.env.id, "returns": returns.tolist(), "mean": float(np.mean(returns)),
+            "std": float(np.std(returns)), "version": meta.get("version")}

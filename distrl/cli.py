@@ -6,7 +6,6 @@ import time
 START = time.time()  # before heavy imports: time-to-solve counts from the command's start
 
 import argparse  # noqa: E402
-import os  # noqa: E402
 import sys  # noqa: E402
 
 
@@ -86,26 +85,13 @@ def report(summary: dict) -> int:
 
 
 def cmd_eval(args) -> int:
-    import numpy as np
+    from distrl.api import evaluate
 
-    from distrl.checkpoint import load_weights
-    from distrl.config import load_config
-    from distrl.runtime.local import acting_policy
-
-    cfg_path = os.path.join(args.run_dir, "config.yaml")
-    if not os.path.isdir(args.run_dir):
-        raise UsageError(f"run dir not found: {args.run_dir}")
     if args.episodes < 1:
         raise UsageError(f"--episodes must be >= 1, got {args.episodes}")
-    cfg = load_config(cfg_path)
-    weights, meta = load_weights(os.path.join(args.run_dir, "checkpoints", "best.safetensors"))
-    from distrl.evaluation import play_greedy
-
-    policy = acting_policy(cfg, -1, 1)
-    policy.set_weights(weights, int(meta.get("version", 0)))
-    rets = play_greedy(policy, cfg.env.id, args.episodes, args.seed, cfg.env.kwargs)
-    print(f"{cfg.env.id}: {np.mean(rets):.1f} ± {np.std(rets):.1f} over {len(rets)} greedy episodes "
-          f"(checkpoint version {meta.get('version')})")
+    result = evaluate(args.run_dir, args.episodes, args.seed)
+    print(f"{result['env']}: {result['mean']:.1f} ± {result['std']:.1f} over {len(result['returns'])} greedy "
+          f"episodes (checkpoint version {result['version']})")
     return 0
 
 

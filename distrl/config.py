@@ -15,6 +15,8 @@ from typing import Any
 
 import yaml
 
+from distrl.registry import ALGOS
+
 MODES = ("single", "sync", "async")
 
 
@@ -141,32 +143,47 @@ class SACConfig:
 
 @dataclass
 class ActorCriticConfig:
-    """Shared by a2c, a3c, ppo and impala; each has its own section of this shape."""
+    """What A2C, A3C, PPO and IMPALA share; each has its own section with its own extra keys."""
 
     hidden: list = f([64, 64], "hidden layer sizes of the policy and value networks")
     shared_torso: bool = f(False, "policy and value heads share one torso")
     gamma: float = f(0.99, "discount factor", lo=0.0, hi=1.0)
-    gae_lambda: float = f(0.95, "GAE lambda (1.0 = n-step returns)", lo=0.0, hi=1.0)
-    lr: float = f(3e-4, "learning rate", lo=0.0, lo_open=True)
+    lr: float = f(3e-4, "Adam learning rate", lo=0.0, lo_open=True)
     vf_coef: float = f(0.5, "value loss coefficient", lo=0.0)
     ent_coef: float = f(0.0, "entropy bonus coefficient", lo=0.0)
     grad_clip: float | None = f(0.5, "max global gradient norm (null = no clipping)", lo=0.0, lo_open=True)
     normalize_advantages: bool = f(True, "standardise advantages per update")
-    # PPO
-    clip: float = f(0.2, "ppo: surrogate ratio clip", lo=0.0, lo_open=True)
-    vf_clip: float | None = f(None, "ppo: value clipping range (null = off)", lo=0.0, lo_open=True)
-    epochs: int = f(4, "ppo: passes over each batch", lo=1)
-    minibatches: int = f(4, "ppo: minibatches per epoch", lo=1)
-    # IMPALA (and async PPO's lag correction)
+
+
+@dataclass
+class A2CConfig(ActorCriticConfig):
+    gae_lambda: float = f(0.95, "GAE lambda (1.0 = n-step returns)", lo=0.0, hi=1.0)
+
+
+@dataclass
+class A3CConfig(A2CConfig):
+    max_staleness: int = f(16, "gradients computed more than this many updates ago are dropped", lo=0)
+
+
+@dataclass
+class PPOConfig(A2CConfig):
+    clip: float = f(0.2, "surrogate ratio clip", lo=0.0, lo_open=True)
+    vf_clip: float | None = f(None, "value clipping range (null = off)", lo=0.0, lo_open=True)
+    epochs: int = f(4, "passes over each batch", lo=1)
+    minibatches: int = f(4, "minibatches per epoch", lo=1)
+    rho_bar: float = f(1.0, "async lag correction: V-trace importance weight clip", lo=0.0, lo_open=True)
+    c_bar: float = f(1.0, "async lag correction: V-trace trace-cutting clip", lo=0.0, lo_open=True)
+
+
+@dataclass
+class ImpalaConfig(ActorCriticConfig):
     rho_bar: float = f(1.0, "V-trace importance weight clip for the value target and advantages", lo=0.0, lo_open=True)
     c_bar: float = f(1.0, "V-trace trace-cutting clip", lo=0.0, lo_open=True)
-    # A3C
-    max_staleness: int = f(16, "a3c: gradients computed more than this many updates ago are dropped", lo=0)
 
 
 @dataclass
 class Config:
-    algo: str = f("apex_dqn", "algorithm name (see distrl.algos.ALGOS)")
+    algo: str = f("apex_dqn", "algorithm name (see distrl.registry.ALGOS)")
     mode: str = f("async", "run mode: single | sync | async", choices=MODES)
     workers: int = f(2, "rollout workers (single mode uses one, in-process)", lo=1)
     seed: int = f(0, "base seed; worker i uses seed + i, the evaluator seed + 10_000", lo=0)
@@ -184,10 +201,10 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig, metadata={"doc": "whole-run checkpoints"})
     apex_dqn: ApexDQNConfig = field(default_factory=ApexDQNConfig, metadata={"doc": "Ape-X DQN hyper-parameters"})
     sac: SACConfig = field(default_factory=SACConfig, metadata={"doc": "SAC hyper-parameters"})
-    a2c: ActorCriticConfig = field(default_factory=ActorCriticConfig, metadata={"doc": "A2C hyper-parameters"})
-    a3c: ActorCriticConfig = field(default_factory=ActorCriticConfig, metadata={"doc": "A3C hyper-parameters"})
-    ppo: ActorCriticConfig = field(default_factory=ActorCriticConfig, metadata={"doc": "PPO hyper-parameters"})
-    impala: ActorCriticConfig = field(default_factory=ActorCriticConfig, metadata={"doc": "IMPALA hyper-parameters"})
+    a2c: A2CConfig = field(default_factory=A2CConfig, metadata={"doc": "A2C hyper-parameters"})
+    a3c: A3CConfig = field(default_factory=A3CConfig, metadata={"doc": "A3C hyper-parameters"})
+    ppo: PPOConfig = field(default_factory=PPOConfig, metadata={"doc": "PPO hyper-parameters"})
+    impala: ImpalaConfig = field(default_factory=ImpalaConfig, metadata={"doc": "IMPALA hyper-parameters"})
 
 
 def _key(fld: dataclasses.Field) -> str:
@@ -298,8 +315,6 @@ def read_yaml(path: str) -> dict:
 
 def from_dict(data: dict) -> Config:
     cfg = _build(Config, data)
-    from distrl.algos import ALGOS  # local import: keeps config importable without torch
-
     if cfg.algo not in ALGOS:
         raise ConfigError(f"config key 'algo': unknown algorithm {cfg.algo!r} (known: {', '.join(ALGOS)})")
     return cfg

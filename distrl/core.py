@@ -1,25 +1,26 @@
 """The roles of distrl as small interfaces, and the data that moves between them.
 
-A run, whatever its mode, is this loop::
+An algorithm is a `Policy` (acting, numpy, in every rollout worker and the
+evaluator) and a `Learner` (the only optimizer.step()). A run drives them
+through a `Roles` object; whatever the mode, the driver's loop is::
 
-    policy = algo.make_policy(worker_index, num_workers)   # in each rollout worker
-    learner = algo.make_learner(device)                    # exactly one, anywhere
     while not stopped:
-        fragment = rollout.sample()          # worker: env steps + batched inference
-        replay.add(fragment.data, fragment.priorities)
-        batch = replay.sample(...)           # learner side
-        metrics = learner.update(batch)      # the only optimizer.step()
-        publish(learner.get_weights())       # -> parameter server -> policies
+        gathered = roles.gather(sampling_allowed)   # workers: env steps + batched inference -> replay
+        for stats in roles.train(budget):           # learner: blocks of updates, publishes weights
+            count(stats)
+        roles.submit_eval(env_steps); roles.poll_eval()   # evaluator: greedy episodes, best checkpoint
+        every checkpoint.interval_s: write(roles.get_state())
 
-`single` runs these objects in one process; `sync` and `async` run each role as
-a Ray actor (see `distrl.runtime`). Algorithms implement `Algorithm`, `Policy`
-and `Learner` and never import ray.
+`single` mode implements `Roles` with the jobs in one process (the evaluator in
+a second); `sync` and `async` with one Ray actor per role. The jobs themselves
+are in `distrl.roles`, free of ray; only `distrl.runtime` imports ray.
 """
 from __future__ import annotations
 
 import abc
+import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -123,7 +124,7 @@ class Learner(abc.ABC):
 
 
 class Algorithm(abc.ABC):
-    """Factory tying an algorithm's config to its policy and learner."""
+    """Ties an algorithm's config to its learner; the policy is built by `distrl.registry.make_policy`."""
 
     name: str = ""
     modes: tuple[str, ...] = ("single", "sync", "async")
@@ -138,12 +139,120 @@ class Algorithm(abc.ABC):
         """Why this algorithm can't run on `spec`, or None if it can."""
         return None
 
-    def make_policy(self, worker_index: int, num_workers: int) -> Policy:
-        """A policy for worker `worker_index` (or -1 for the evaluator): the class the registry names."""
-        from distrl.algos import make_policy
-
-        return make_policy(self.cfg, self.spec, worker_index, num_workers)
-
     @abc.abstractmethod
     def make_learner(self, device: str) -> Learner:
         """The learner, on `device`."""
+
+
+# --- what moves between the roles and the driver ----------------------------------
+# Already metrics.csv columns, or running totals whose per-interval mean means nothing.
+NOT_LOGGED = {"loss", "dropped", "dropped_total", "policy_lag", "optimizer_steps"}
+
+
+def add_to_sums(sums: dict[str, list[float]], name: str, total: float, count: int) -> None:
+    """sums[name] = [sum, count], accumulated: means taken later need both."""
+    acc = sums.setdefault(name, [0.0, 0])
+    acc[0] += total
+    acc[1] += count
+
+
+@dataclass
+class TrainStats:
+    """What one call of learner updates reports to the driver."""
+
+    updates: int = 0   # optimizer updates that happened
+    consumed: int = 0  # batches handed to the learner (> updates when A3C drops stale gradients)
+    dropped: int = 0
+    loss_sum: float = 0.0
+    lags: list[float] = field(default_factory=list)
+    learner_s: float = 0.0
+    wait_s: float = 0.0
+    version: int = 0
+    starved: bool = False  # the store had nothing to give
+    scalars: dict[str, list[float]] = field(default_factory=dict)  # name -> [sum, count] of learner stats
+
+    def add_scalars(self, out: dict) -> None:
+        """Sum the learner's scalar diagnostics (alpha, entropy, KL, ...) for the driver's log."""
+        for k, v in out.items():
+            if k not in NOT_LOGGED and isinstance(v, (float, int, np.floating, np.integer)) \
+                    and not isinstance(v, bool) and math.isfinite(v):
+                add_to_sums(self.scalars, k, float(v), 1)
+
+
+@dataclass
+class Gathered:
+    """One gather: the fragments that arrived (already stored) and how the workers fared."""
+
+    infos: list[FragmentInfo] = field(default_factory=list)
+    ready: int = 0    # workers that delivered in this gather
+    late: int = 0     # workers still busy when the async window closed
+    failed: int = 0   # calls lost to a dead or failing worker (their fragments are dropped)
+
+
+@dataclass
+class Restarts:
+    """Role processes restarted after a death, per role."""
+
+    workers: int = 0
+    evaluator: int = 0
+    replay: int = 0
+
+
+RunState = dict[str, Any]
+"""A run's state for a checkpoint: {"learner": ..., "store": data, None or a writer, "workers": [...]}."""
+
+StoreWriter = Callable[[str], Any]
+"""Writes the store into a checkpoint directory being built (see `distrl.checkpoint.run`)."""
+
+
+class Roles(abc.ABC):
+    """What the driver needs from the processes of a run: the contract every mode implements."""
+
+    @abc.abstractmethod
+    def gather(self, allow_sampling: bool) -> Gathered:
+        """Fragments that finished (now in replay); `allow_sampling` False holds workers back."""
+
+    @abc.abstractmethod
+    def train(self, budget: int, final: bool = False) -> list[TrainStats]:
+        """Finished learner calls, after starting new ones worth up to `budget` updates;
+        `final` waits for every call in flight and starts none."""
+
+    def updates_in_flight(self) -> int:
+        """Updates asked of the learner whose stats have not come back yet."""
+        return 0
+
+    @abc.abstractmethod
+    def submit_eval(self, env_steps: int, wait: bool = False) -> bool:
+        """Score the newest weights; False if the evaluator is still busy (`wait`: until it is ready)."""
+
+    @abc.abstractmethod
+    def poll_eval(self, block: bool = False, timeout: float | None = None) -> list[dict]:
+        """Evaluation results that have arrived."""
+
+    @abc.abstractmethod
+    def eval_busy(self) -> bool:
+        """An evaluation is in flight."""
+
+    def restarts(self, exact: bool = False) -> Restarts:
+        """Role restarts so far (`exact`: ask the processes now rather than use the last count)."""
+        return Restarts()
+
+    @abc.abstractmethod
+    def time_breakdown(self) -> dict[str, float]:
+        """Seconds spent per kind of work, summed over processes."""
+
+    @abc.abstractmethod
+    def get_state(self) -> RunState:
+        """Everything a checkpoint needs from the roles."""
+
+    @abc.abstractmethod
+    def set_state(self, state: RunState) -> None:
+        """Restore what `get_state` captured (read back from a checkpoint)."""
+
+    @abc.abstractmethod
+    def store_digest(self) -> str | None:
+        """sha256 of the experience store's contents."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Stop every process this object started."""

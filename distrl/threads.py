@@ -1,9 +1,8 @@
 """One compute thread per process: every role is its own process already, and on a
 few cores intra-op threads only contend with the other roles.
 
-numpy's OpenBLAS would otherwise start a thread per core that spins between calls:
-in single mode it took the core the evaluator needs, and SAC's numpy update ran
-~2x slower inside a training run than alone.
+numpy's OpenBLAS would otherwise start a thread per core that spins between calls
+and takes the core another role (in single mode, the evaluator) needs.
 """
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
 """Shared fixtures: one embedded Ray for the whole session (starting it costs ~6 s)."""
 from __future__ import annotations
 
-import os
-
 import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -18,17 +14,10 @@ def one_torch_thread():
 
 @pytest.fixture(scope="session")
 def ray_session():
-    from distrl.runtime.cluster import init_ray
+    from distrl.runtime.ray_setup import init_ray
 
     import ray
 
-    init_ray(None, workers=4)
+    init_ray(None)
     yield
     ray.shutdown()
-
-
-@pytest.fixture
-def in_root(monkeypatch):
-    """Run from the repo root so relative config paths work."""
-    monkeypatch.chdir(ROOT)
-    return ROOT

@@ -15,11 +15,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from distrl import run_checkpoint as rc
-from distrl import store_file
+from distrl.checkpoint import run as rc
+from distrl.checkpoint import store_file
 from distrl.checkpoint import CheckpointError, save_json, save_weights
 from distrl.replay import FragmentQueue, ReplayBuffer
-from distrl.run_checkpoint import (
+from distrl.checkpoint.run import (
     capture_global_rng, checkpoint_size, latest_checkpoint, read_checkpoint,
     restore_global_rng, write_checkpoint,
 )

@@ -1,6 +1,7 @@
 import dataclasses
 import glob
 import os
+import typing
 
 import pytest
 
@@ -85,15 +86,33 @@ def test_round_trip_through_yaml(tmp_path):
 
 
 def test_every_field_has_a_doc():
+    seen = []
+
     def walk(cls):
+        seen.append(cls)
+        hints = typing.get_type_hints(cls)  # the annotations are strings (postponed evaluation)
         for fl in dataclasses.fields(cls):
             assert fl.metadata.get("doc"), f"{cls.__name__}.{fl.name} has no doc"
-            if dataclasses.is_dataclass(fl.type if not isinstance(fl.type, str) else None):
-                walk(fl.type)
+            if dataclasses.is_dataclass(hints[fl.name]):
+                walk(hints[fl.name])
     walk(Config)
-    for sub in (f.default_factory() for f in dataclasses.fields(Config) if f.default_factory is not dataclasses.MISSING):
-        walk(type(sub))
+    assert len(seen) == 1 + sum(dataclasses.is_dataclass(t) for t in typing.get_type_hints(Config).values())
     assert any(line.startswith("replay.alpha = 0.6") for line in describe())
+
+
+@pytest.mark.parametrize("algo, key", [("a2c", "epochs"), ("a2c", "clip"), ("a3c", "minibatches"),
+                                       ("impala", "gae_lambda"), ("impala", "epochs"), ("ppo", "max_staleness")])
+def test_each_on_policy_section_takes_only_the_keys_its_algorithm_reads(algo, key):
+    with pytest.raises(ConfigError, match=f"unknown config key '{algo}.{key}'"):
+        load_config(None, [f"algo={algo}", f"{algo}.{key}=1"])
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=os.path.basename)
+def test_every_shipped_config_runs_in_a_mode_its_algorithm_supports(path):
+    from distrl.registry import algorithm_class
+
+    cfg = load_config(path)
+    assert cfg.mode in algorithm_class(cfg.algo).modes, (cfg.algo, cfg.mode)
 
 
 def test_from_dict_rejects_unknown_algo_section_key():

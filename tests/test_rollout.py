@@ -1,15 +1,16 @@
 import numpy as np
 
+from distrl.registry import make_policy
 from distrl.algos.apex_dqn import ApexDQN
 from distrl.config import load_config
 from distrl.envs import env_spec
-from distrl.rollout import Rollout
+from distrl.roles.rollout import Rollout
 
 
 def make_rollout(seed=0, worker=0, num_envs=4, T=64):
     cfg = load_config(None, [f"seed={seed}"])
     algo = ApexDQN(cfg, env_spec("CartPole-v1"))
-    policy = algo.make_policy(worker, 2)
+    policy = make_policy(algo.cfg, algo.spec, worker, 2)
     learner = algo.make_learner("cpu")
     policy.set_weights(learner.get_weights(), 0)
     return Rollout(policy, "CartPole-v1", num_envs, T, seed + worker, worker)

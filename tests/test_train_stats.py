@@ -3,7 +3,7 @@ import math
 
 import numpy as np
 
-from distrl.learning import TrainStats
+from distrl.core import TrainStats
 
 
 def test_scalars_are_summed_with_counts_and_everything_else_is_skipped():

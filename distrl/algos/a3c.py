@@ -78,7 +78,7 @@ class A3CLearner(ActorCriticLearner):
         grad_norm = self.step()
         self.updates += 1
         return {**out, "dropped": 0, "dropped_total": self.dropped, "grad_norm": grad_norm,
-                "optimizer_steps": self.optimizer_steps}
+                "staleness_applied": staleness, "optimizer_steps": self.optimizer_steps}
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "dropped": self.dropped}

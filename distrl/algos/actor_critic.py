@@ -10,7 +10,6 @@ as the action and what log-probs refer to.
 from __future__ import annotations
 
 import copy
-import math
 from typing import Any
 
 import numpy as np
@@ -18,10 +17,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from distrl.algos.common import adam, as_tensors, mlp, spec_problem, to_numpy_weights
+from distrl.algos.common import HALF_LOG_2PI, adam, as_tensors, mlp, spec_problem, to_numpy_weights
 from distrl.core import Algorithm, Batch, EnvSpec, Learner, Weights
 
-_HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 
 
 # --- action distributions ---------------------------------------------------------
@@ -43,10 +41,10 @@ class DiagGaussian:
 
     def log_prob(self, actions: torch.Tensor) -> torch.Tensor:
         z = (actions - self.mean) * (-self.log_std).exp()
-        return -(0.5 * z.square() + self.log_std + _HALF_LOG_2PI).sum(-1)
+        return -(0.5 * z.square() + self.log_std + HALF_LOG_2PI).sum(-1)
 
     def entropy(self) -> torch.Tensor:
-        return (self.log_std + 0.5 + _HALF_LOG_2PI).sum(-1)
+        return (self.log_std + 0.5 + HALF_LOG_2PI).sum(-1)
 
 
 

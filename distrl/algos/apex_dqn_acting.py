@@ -44,7 +44,7 @@ class DQNPolicy(Policy):
         self.version = version
 
     def q_values(self, obs: np.ndarray) -> np.ndarray:
-        """The Q-network in numpy: for a few dozen rows it is ~5x faster than torch's per-op overhead."""
+        """The Q-network in numpy: for a few dozen rows, cheaper than torch's per-op overhead."""
         if self._np is None:
             raise RuntimeError("DQNPolicy has no weights yet: call set_weights first")
         h = numpy_mlp(self._np["torso"], np.asarray(obs, np.float32), numpy_relu)

@@ -16,11 +16,8 @@ from distrl.envs.factory import make_env
 class VectorEnv:
     """E envs; env i is seeded with `seed + i` on its first reset."""
 
-    def __init__(self, env_id: str, num_envs: int, seed: int, kwargs: dict[str, Any] | None = None,
-                 env_wrapper=None):
+    def __init__(self, env_id: str, num_envs: int, seed: int, kwargs: dict[str, Any] | None = None):
         self.envs = [make_env(env_id, kwargs) for _ in range(num_envs)]
-        if env_wrapper is not None:
-            self.envs = [env_wrapper(e) for e in self.envs]
         self.num_envs = num_envs
         self.observation_space = self.envs[0].observation_space
         self.action_space = self.envs[0].action_space

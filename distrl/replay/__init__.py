@@ -1,4 +1,4 @@
-"""Replay storage: sum tree, (prioritized) ring buffer and n-step targets."""
+"""Experience storage: sum tree, (prioritized) ring buffer, n-step targets, the on-policy FIFO."""
 
 from distrl.replay.buffer import ReplayBuffer
 from distrl.replay.fifo import FragmentQueue

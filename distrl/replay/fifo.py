@@ -22,8 +22,10 @@ class FragmentQueue:
     def __len__(self) -> int:
         return len(self._items)
 
-    def full(self) -> bool:
-        return len(self._items) >= self.capacity
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the queued fragments' arrays."""
+        return sum(v.nbytes for item in self._items for v in item.values())
 
     def add(self, items: dict[str, np.ndarray], priorities=None) -> None:
         """Accepts past capacity: the driver enforces the bound by not relaunching workers."""

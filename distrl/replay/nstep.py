@@ -5,6 +5,19 @@ from __future__ import annotations
 import numpy as np
 
 
+def _check(obs, actions, rewards, terminated, truncated, next_obs, gamma: float, n: int) -> None:
+    if rewards.ndim != 2:
+        raise ValueError(f"rewards must be (T, E), got {rewards.shape}")
+    for name, arr in (("obs", obs), ("actions", actions), ("terminated", terminated),
+                      ("truncated", truncated), ("next_obs", next_obs)):
+        if arr.shape[:2] != rewards.shape:
+            raise ValueError(f"{name} leading dims {arr.shape[:2]} != {rewards.shape}")
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    if not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"gamma must be in [0, 1], got {gamma}")
+
+
 def nstep_transitions(
     obs: np.ndarray,
     actions: np.ndarray,
@@ -25,20 +38,11 @@ def nstep_transitions(
     of the inputs.
     """
     rewards = np.asarray(rewards)
-    if rewards.ndim != 2:
-        raise ValueError(f"rewards must be (T, E), got {rewards.shape}")
-    t_len, n_env = rewards.shape
     terminated = np.asarray(terminated, dtype=bool)
     truncated = np.asarray(truncated, dtype=bool)
     obs, actions, next_obs = np.asarray(obs), np.asarray(actions), np.asarray(next_obs)
-    for name, arr in (("obs", obs), ("actions", actions), ("terminated", terminated),
-                      ("truncated", truncated), ("next_obs", next_obs)):
-        if arr.shape[:2] != (t_len, n_env):
-            raise ValueError(f"{name} leading dims {arr.shape[:2]} != {(t_len, n_env)}")
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
-    if not 0.0 <= gamma <= 1.0:
-        raise ValueError(f"gamma must be in [0, 1], got {gamma}")
+    _check(obs, actions, rewards, terminated, truncated, next_obs, gamma, n)
+    t_len, n_env = rewards.shape
 
     # Pad the time axis so offset j can be read as a plain slice [j, j+T);
     # padded steps count as "episode ended" and are masked out anyway.

@@ -1,7 +1,11 @@
-"""The five roles as Ray actors. Each wraps a ray-free object from the rest of distrl.
+"""The five roles as Ray actors. Each hosts a ray-free job from `distrl.roles`.
 
 Torch-heavy imports happen inside the actors that need torch, so the parameter
-server and replay server processes start in a fraction of a second.
+server, replay server, workers and evaluator start without it.
+
+Every actor is created with enable_task_events=False: Ray would otherwise record
+and ship to the GCS a status event per call (hundreds per second here) for a
+dashboard that is not running.
 """
 from __future__ import annotations
 
@@ -12,46 +16,9 @@ import warnings
 import ray
 
 from distrl.config import from_dict
-from distrl.learning import TrainStats, store_nbytes
-from distrl.threads import one_compute_thread
-
-
-class HeapTrimmer:
-    """Hands freed heap pages back to the OS at most every `interval_s` (glibc only).
-
-    After a large free glibc raises its mmap threshold, so the learner's per-block
-    arrays then live on the heap, and the pages they free stay resident: the
-    learner's RSS grew ~20 MB a minute in the soak. malloc_trim releases them for
-    ~1 ms; a fixed low mmap threshold also worked but made SAC updates 1.5x slower.
-    The fallback for when jemalloc is not preloaded (see `heap_runtime_env`).
-    """
-
-    def __init__(self, interval_s: float = 5.0):
-        import ctypes
-
-        try:
-            self._trim = ctypes.CDLL("libc.so.6").malloc_trim
-        except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to do
-            self._trim = None
-        if "jemalloc" in os.environ.get("LD_PRELOAD", ""):  # glibc's heap is not in use
-            self._trim = None
-        self.interval_s, self.last = interval_s, time.monotonic()
-
-    def maybe_trim(self) -> None:
-        if self._trim is not None and time.monotonic() - self.last >= self.interval_s:
-            self._trim(0)
-            self.last = time.monotonic()
-
-
-# Every actor is created with enable_task_events=False: Ray would otherwise record and ship to
-# the GCS a status event per call (hundreds per second here) for the dashboard we never start.
-
-
-def _algorithm(cfg_dict: dict):
-    from distrl.runtime.local import build_algorithm
-
-    cfg = from_dict(cfg_dict)
-    return cfg, build_algorithm(cfg)
+from distrl.core import TrainStats, Weights
+from distrl.roles.learning import LearnerIO
+from distrl.runtime.ray_setup import HeapTrimmer
 
 
 @ray.remote(num_cpus=0, enable_task_events=False)
@@ -73,9 +40,6 @@ class ParameterServer:
             return self.version, self.ref
         return None
 
-    def get_version(self) -> int:
-        return self.version
-
     def register_worker(self, worker_index: int) -> None:
         """Called by every RolloutWorker start: a second start of the same index is a restart."""
         self.starts[worker_index] = self.starts.get(worker_index, 0) + 1
@@ -83,97 +47,57 @@ class ParameterServer:
     def worker_restarts(self) -> int:
         return sum(n - 1 for n in self.starts.values())
 
-    def save(self, path: str) -> None:
-        from distrl.checkpoint import save_weights
-
-        if self.ref is not None:
-            save_weights(path, ray.get(self.ref[0]), {"version": self.version})
-
-    def load(self, path: str) -> int:
-        from distrl.checkpoint import load_weights
-
-        weights, meta = load_weights(path)
-        self.version, self.ref = int(meta.get("version", 0)), [ray.put(weights)]
-        return self.version
-
 
 @ray.remote(num_cpus=0, enable_task_events=False)
 class ReplayServer:
-    """Experience store: prioritized/uniform replay, or the on-policy trajectory FIFO."""
+    """Hosts the run's `ExperienceServer`: replay, or the on-policy trajectory FIFO."""
 
     def __init__(self, cfg_dict: dict, run_dir: str):
-        from distrl.learning import make_store
+        from distrl.roles.experience import ExperienceServer
 
-        self.cfg = from_dict(cfg_dict)
-        self.store = make_store(self.cfg)
+        self.experience = ExperienceServer(from_dict(cfg_dict))
         self.trimmer = HeapTrimmer()
         with warnings.catch_warnings():  # Ray's own property trips its deprecated actor_id
             warnings.simplefilter("ignore")
             reconstructed = ray.get_runtime_context().was_current_actor_reconstructed
-        if reconstructed:
-            self._refill(run_dir)
+        if reconstructed:  # Ray restarted us empty after a crash
+            self.experience.refill(run_dir)
 
-    def _refill(self, run_dir: str) -> None:
-        """After a crash Ray restarts us empty: reload the newest checkpoint's store, if any."""
-        from distrl.checkpoint import CheckpointError
-        from distrl.runtime import persist
-
-        try:
-            _, state = persist.load_latest(run_dir)
-        except CheckpointError:
-            return  # nothing saved yet: the workers refill the store
-        if state["store"] is not None:
-            self.store.load_state_dict(state["store"])
-
-    def add(self, payload) -> int:
+    def add(self, payload) -> None:
         data, priorities = payload
-        self.store.add(data, priorities)
+        self.experience.add(data, priorities)
         self.trimmer.maybe_trim()
-        return len(self.store)
 
     def next_block(self, max_updates: int):
-        from distrl.learning import next_block
-
-        return next_block(self.store, self.cfg, max_updates)
+        return self.experience.next_block(max_updates)
 
     def update_priorities(self, indices, priorities, generations) -> None:
-        self.store.update_priorities(indices, priorities, generations)
-
-    def size(self) -> int:
-        return len(self.store)
+        self.experience.update_priorities(indices, priorities, generations)
 
     def pid(self) -> int:
         return os.getpid()
 
-    def get_state(self, max_bytes: int):
-        """The store's contents, or None when larger than `max_bytes`."""
-        return self.store.state_dict() if store_nbytes(self.store) <= max_bytes else None
-
-    def write_store(self, directory: str, max_bytes: int):
-        """Write the contents into a checkpoint being built; (skeleton, digest), or None when too big.
-
-        Writing here rather than returning the arrays keeps a replay snapshot out
-        of Ray's shared-memory object store, whose pages every process that
-        touches them keeps resident (this server's RSS grew 5-7% in a soak from that).
-        """
-        from distrl.store_file import save_store
-        from distrl.runtime.persist import store_digest
-
-        if store_nbytes(self.store) > max_bytes:
-            return None
-        state = self.store.state_dict()
-        return save_store(directory, state), store_digest(state)
-
-    def digest(self) -> str:
-        from distrl.runtime.persist import store_digest
-
-        return store_digest(self.store.state_dict())
-
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()
 
-    def set_state(self, state) -> None:
-        self.store.load_state_dict(state)
+    def state(self, max_bytes: int):
+        """The store's contents, or None when larger than `max_bytes` (for a driver on another node)."""
+        return self.experience.state(max_bytes)
+
+    def write(self, directory: str, max_bytes: int):
+        """Write the store into a checkpoint being built on this node: (skeleton or None, meta).
+
+        Writing here rather than returning the arrays keeps a replay snapshot out of
+        Ray's shared-memory object store, whose pages stay resident in every process
+        that touches them.
+        """
+        return self.experience.write(directory, max_bytes)
+
+    def digest(self) -> str | None:
+        return self.experience.digest()
+
+    def load(self, state) -> None:
+        self.experience.load(state)
 
 
 @ray.remote(enable_task_events=False)
@@ -182,8 +106,8 @@ class RolloutWorker:
 
     def __init__(self, cfg_dict: dict, worker_index: int, num_workers: int, ps):
         ps.register_worker.remote(worker_index)  # first thing: a restart is counted even if we die in start-up
-        from distrl.rollout import Rollout
-        from distrl.runtime.local import acting_policy
+        from distrl.roles.factory import acting_policy
+        from distrl.roles.rollout import Rollout
 
         cfg = from_dict(cfg_dict)
         self.policy = acting_policy(cfg, worker_index, num_workers)
@@ -232,91 +156,62 @@ class RolloutWorker:
         self.rollout.set_state(state)
 
 
+class RayIO(LearnerIO):
+    """The Learner actor's data path: blocks from the ReplayServer, weights to the ParameterServer."""
+
+    def __init__(self, ps, replay):
+        self.ps, self.replay = ps, replay
+        self.outstanding: list = []  # priority writes and pushes not yet confirmed
+
+    def request(self, max_updates: int):
+        return self.replay.next_block.remote(max_updates)
+
+    def receive(self, handle):
+        return ray.get(handle)
+
+    def write_priorities(self, indices, priorities, generations) -> None:
+        self.outstanding.append(self.replay.update_priorities.remote(indices, priorities, generations))
+
+    def publish(self, version: int, weights: Weights) -> None:
+        self.outstanding.append(self.ps.push.remote(version, [ray.put(weights)]))
+
+    def flush(self) -> None:
+        refs, self.outstanding = self.outstanding, []  # cleared first: a dead replay server fails one flush
+        ray.get(refs)
+
+
 @ray.remote(enable_task_events=False)
 class Learner:
-    """The only optimizer.step(). Prefetches its next block of batches while it trains."""
+    """Hosts the `LearnerLoop`: the only optimizer.step(), prefetching its next block while it trains."""
 
     def __init__(self, cfg_dict: dict, ps, replay, device: str):
-        one_compute_thread(load_torch=True)
-        cfg, algo = _algorithm(cfg_dict)
-        self.cfg = cfg
-        self.learner = algo.make_learner(device)
-        self.ps, self.replay = ps, replay
-        self.prefetch = None
-        self.prio_ref = self.push_ref = None
-        self.version = -1
-        from distrl.algos import data_path
+        from distrl.roles.factory import build_algorithm
+        from distrl.roles.learning import LearnerLoop
+        from distrl.threads import one_compute_thread
 
-        # On-policy data must come from the newest policy: publish after every update.
-        self.on_policy = data_path(cfg.algo) != "replay"
-        self.publish_interval = 1 if self.on_policy else cfg.learner.publish_interval
+        one_compute_thread(load_torch=True)
+        cfg = from_dict(cfg_dict)
+        self.loop = LearnerLoop(build_algorithm(cfg).make_learner(device), cfg, RayIO(ps, replay))
         self.trimmer = HeapTrimmer()
 
     def pid(self) -> int:
         return os.getpid()
 
     def publish(self) -> int:
-        self.version = self.learner.updates
-        self.push_ref = self.ps.push.remote(self.version, [ray.put(self.learner.get_weights())])
-        return self.version
-
-    def publish_now(self) -> int:
-        version = self.publish()
-        ray.get(self.push_ref)
+        version = self.loop.publish()
+        self.loop.io.flush()
         return version
 
-    def get_state(self) -> dict:
-        import torch
-
-        return {"state": self.learner.state_dict(), "torch_rng": torch.get_rng_state(), "version": self.version}
-
-    def set_state(self, state: dict) -> int:
-        import torch
-
-        self.learner.load_state_dict(state["state"])
-        torch.set_rng_state(state["torch_rng"])
-        self.prefetch = None
-        return self.publish_now()
-
-    def _fetch(self, max_updates: int):
-        return self.replay.next_block.remote(max_updates)
-
     def train(self, num_updates: int) -> TrainStats:
-        """Up to `num_updates` updates; stops early when the store has nothing to give."""
-        from distrl.learning import learn_block
-
-        stats = TrainStats()
-        t_start = time.perf_counter()
-        while stats.consumed < num_updates:
-            t0 = time.perf_counter()
-            ref = self.prefetch if self.prefetch is not None else self._fetch(num_updates - stats.consumed)
-            self.prefetch = None  # consumed (or lost with a dead replay server) either way
-            block = ray.get(ref)
-            stats.wait_s += time.perf_counter() - t0
-            if block is None:
-                stats.starved = True  # the driver lets workers sample even if updates lag
-                break
-            k = next(iter(block[0].values())).shape[0]
-            left = num_updates - stats.consumed - k
-            if left > 0 and not self.on_policy:
-                self.prefetch = self._fetch(left)  # the next block travels while this one trains
-            prios = learn_block(self.learner, block, stats)
-            if prios is not None:
-                batches, idx, _ = block
-                self.prio_ref = self.replay.update_priorities.remote(
-                    idx.ravel(), prios.ravel(), batches["_generation"].ravel())
-            if self.learner.updates - self.version >= self.publish_interval:
-                self.publish()
-        if self.learner.updates != self.version:
-            self.publish()
-        # The newest weights and priorities land before this call returns, so a sync round's
-        # broadcast pull and the driver's next add see them (and sync runs are deterministic).
-        ray.get([r for r in (self.prio_ref, self.push_ref) if r is not None])
-        self.prio_ref = self.push_ref = None
-        stats.version = self.version
-        stats.learner_s = time.perf_counter() - t_start - stats.wait_s
+        stats = self.loop.train(num_updates)
         self.trimmer.maybe_trim()
         return stats
+
+    def get_state(self) -> dict:
+        return self.loop.get_state()
+
+    def set_state(self, state: dict) -> int:
+        return self.loop.set_state(state)
 
 
 @ray.remote(num_cpus=0, enable_task_events=False)
@@ -324,11 +219,9 @@ class Evaluator:
     """Plays greedy episodes with the newest published weights; keeps the best checkpoint."""
 
     def __init__(self, cfg_dict: dict, ps, run_dir: str, start_time: float, resume: dict | None = None):
-        from distrl.evaluation import Evaluation
-        from distrl.runtime.local import acting_policy
+        from distrl.roles.evaluation import make_evaluation
 
-        cfg = from_dict(cfg_dict)
-        self.evaluation = Evaluation(acting_policy(cfg, -1, 1), cfg, run_dir, start_time, **(resume or {}))
+        self.evaluation = make_evaluation(from_dict(cfg_dict), run_dir, start_time, resume)
         self.ps = ps
         self.version = -1
         self.weights = None
@@ -342,9 +235,6 @@ class Evaluator:
         if self.weights is None:
             return os.getpid(), None
         return os.getpid(), self.evaluation.evaluate(self.weights, self.version, env_steps)
-
-    def ping(self) -> bool:
-        return True
 
     def pid(self) -> int:
         return os.getpid()

@@ -1,52 +1,32 @@
 """`single` mode: rollout, replay and learner in this process; the evaluator in its own.
 
-No Ray here: starting Ray costs ~6 s on a laptop, more than half of what
-solving CartPole should take, and one process needs no object store. The
-evaluator runs in a spawned process fed through a queue, so scoring never
+No Ray here: starting Ray and its actor processes costs seconds, more than half
+of what solving CartPole should take, and one process needs no object store.
+The evaluator runs in a spawned process fed through a queue, so scoring never
 stalls learning.
 """
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import queue
-import time
 
-
-from distrl.algos import data_path
 from distrl.config import Config, from_dict, to_dict
-from distrl.core import FragmentInfo
-from distrl.learning import TrainStats, learn_block, make_store, next_block, write_priorities
-from distrl.rollout import Rollout
+from distrl.core import Gathered, Roles, RunState, TrainStats
+from distrl.roles.evaluation import make_evaluation
+from distrl.roles.experience import ExperienceServer
+from distrl.roles.factory import build_algorithm, resolve_device
+from distrl.roles.learning import LearnerLoop, LocalIO
+from distrl.registry import make_policy
+from distrl.roles.rollout import Rollout
 from distrl.threads import one_compute_thread
-
-
-def build_algorithm(cfg: Config):
-    from distrl.algos import get_algorithm_class
-    from distrl.envs import env_spec
-
-    return get_algorithm_class(cfg.algo)(cfg, env_spec(cfg.env.id, cfg.env.kwargs))
-
-
-def acting_policy(cfg: Config, worker_index: int, num_workers: int):
-    """The policy alone, without the learner's module: for most algorithms the process never loads torch."""
-    from distrl.algos import make_policy
-    from distrl.envs import env_spec
-
-    policy = make_policy(cfg, env_spec(cfg.env.id, cfg.env.kwargs), worker_index, num_workers)
-    one_compute_thread()  # and torch's, if the policy loaded it (A3C computes gradients with it)
-    return policy
 
 
 def evaluator_main(cfg_dict: dict, run_dir: str, start_time: float, inbox, outbox,
                    resume: dict | None = None) -> None:
     """Evaluator process: score each (weights, version, env_steps) it receives."""
-    import os
-
-    from distrl.evaluation import Evaluation
-
     parent = os.getppid()
-    cfg = from_dict(cfg_dict)
-    evaluation = Evaluation(acting_policy(cfg, -1, 1), cfg, run_dir, start_time, **(resume or {}))
+    evaluation = make_evaluation(from_dict(cfg_dict), run_dir, start_time, resume)
     outbox.put("ready")
     while True:
         try:
@@ -74,15 +54,12 @@ class LocalEvaluator:
         self.busy = False
 
     def idle(self, wait: bool = False) -> bool:
-        self.poll_ready(wait)
-        return self.ready and not self.busy
-
-    def poll_ready(self, wait: bool = False) -> None:
         if not self.ready and not self.busy:
             try:
-                self.ready = self.outbox.get(timeout=120) == "ready" if wait else self.outbox.get_nowait() == "ready"
+                self.ready = self.outbox.get(timeout=120 if wait else None, block=wait) == "ready"
             except queue.Empty:
                 pass
+        return self.ready and not self.busy
 
     def submit(self, weights, version: int, env_steps: int) -> None:
         self.inbox.put((weights, version, env_steps))
@@ -107,84 +84,56 @@ class LocalEvaluator:
                 self.proc.terminate()
 
 
-class LocalRoles:
+class LocalRoles(Roles):
     """Every role in this process except the evaluator."""
-
-    mode = "single"
 
     def __init__(self, cfg: Config, run_dir: str, start_time: float, eval_resume: dict | None = None):
         one_compute_thread(load_torch=True)
         self.cfg = cfg
         self.evaluator = LocalEvaluator(cfg, run_dir, start_time, eval_resume)  # first: overlaps its start-up
         algo = build_algorithm(cfg)
-        self.learner = algo.make_learner(resolve_device(cfg.device))
-        policy = algo.make_policy(0, 1)
-        self.version = 0
-        policy.set_weights(self.learner.get_weights(), self.version)
-        self.policy = policy
-        self.rollout = Rollout(policy, cfg.env.id, cfg.env.num_envs, cfg.rollout.fragment_length,
+        learner = algo.make_learner(resolve_device(cfg.device))
+        self.policy = make_policy(cfg, algo.spec, 0, 1)
+        self.experience = ExperienceServer(cfg)
+        self.loop = LearnerLoop(learner, cfg, LocalIO(self.experience.store, cfg, self.policy))
+        self.loop.publish()
+        self.rollout = Rollout(self.policy, cfg.env.id, cfg.env.num_envs, cfg.rollout.fragment_length,
                                cfg.seed, 0, cfg.env.kwargs)
-        self.store = make_store(cfg)
-        self.on_policy = data_path(cfg.algo) != "replay"
         self.timings = {"env_s": 0.0, "inference_s": 0.0, "learner_s": 0.0}
 
-    def get_state(self) -> dict:
-        import torch
+    def get_state(self) -> RunState:
+        max_bytes = self.cfg.checkpoint.max_replay_bytes
+        return {"learner": self.loop.get_state(), "workers": [self.rollout.get_state()],
+                "store": lambda directory: self.experience.write(directory, max_bytes)}
 
-        return {"learner": {"state": self.learner.state_dict(), "torch_rng": torch.get_rng_state(),
-                            "version": self.version},
-                "store": self.store.state_dict(), "workers": [self.rollout.get_state()]}
-
-    def store_digest(self) -> str:
-        from distrl.runtime.persist import store_digest
-
-        return store_digest(self.store.state_dict())
-
-    def set_state(self, state: dict) -> None:
-        import torch
-
-        self.learner.load_state_dict(state["learner"]["state"])
-        torch.set_rng_state(state["learner"]["torch_rng"])
+    def set_state(self, state: RunState) -> None:
         if state["store"] is not None:
-            self.store.load_state_dict(state["store"])
+            self.experience.load(state["store"])
         self.rollout.set_state(state["workers"][0])
-        self.version = self.learner.updates
-        self.policy.set_weights(self.learner.get_weights(), self.version)
+        self.loop.set_state(state["learner"])
 
-    def gather(self, allow_sampling: bool) -> tuple[list[FragmentInfo], dict]:
-        frag = self.rollout.sample()
-        self.store.add(frag.data, frag.priorities)
+    def store_digest(self) -> str | None:
+        return self.experience.digest()
+
+    def gather(self, allow_sampling: bool) -> Gathered:
+        frag = self.rollout.sample()  # one process: sampling is what lets the learner catch up
+        self.experience.add(frag.data, frag.priorities)
         for k, v in frag.info.timings.items():
             self.timings[k] += v
-        return [frag.info], {"ready": 1, "late": 0, "failed": 0}
+        return Gathered([frag.info], ready=1)
 
     def train(self, budget: int, final: bool = False) -> list[TrainStats]:
         if budget <= 0:
             return []
-        t0 = time.perf_counter()
-        stats = TrainStats()
-        while stats.consumed < budget:
-            block = next_block(self.store, self.cfg, budget - stats.consumed)
-            if block is None:
-                stats.starved = True
-                break
-            write_priorities(self.store, block, learn_block(self.learner, block, stats))
-        # On-policy data must come from the newest policy: publish after every update.
-        interval = 1 if self.on_policy else self.cfg.learner.publish_interval
-        if self.learner.updates - self.version >= interval:
-            self.version = self.learner.updates
-            self.policy.set_weights(self.learner.get_weights(), self.version)
-        stats.version = self.version
-        stats.learner_s = time.perf_counter() - t0
-        self.timings["learner_s"] += stats.learner_s
+        stats = self.loop.train(budget)
+        self.timings["learner_s"] += stats.learner_s + stats.wait_s
         return [stats]
 
     def submit_eval(self, env_steps: int, wait: bool = False) -> bool:
         if not self.evaluator.idle(wait):
             return False
-        self.evaluator.submit(self.learner.get_weights(), self.learner.updates, env_steps)
+        self.evaluator.submit(self.loop.learner.get_weights(), self.loop.learner.updates, env_steps)
         return True
-
 
     def poll_eval(self, block: bool = False, timeout: float | None = None) -> list[dict]:
         return self.evaluator.poll(block, timeout)
@@ -192,16 +141,8 @@ class LocalRoles:
     def eval_busy(self) -> bool:
         return self.evaluator.busy
 
-    def time_breakdown(self) -> dict:
+    def time_breakdown(self) -> dict[str, float]:
         return dict(self.timings)
 
     def close(self) -> None:
         self.evaluator.close()
-
-
-def resolve_device(device: str) -> str:
-    if device != "auto":
-        return device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"

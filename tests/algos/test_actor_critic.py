@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from distrl.registry import make_policy as policy_for
 from distrl.algos.common import BoxScaler as BoxMap
 from distrl.algos.actor_critic import ActorCriticAlgorithm, Categorical, DiagGaussian, actor_critic_loss
 from distrl.algos.actor_critic_acting import categorical_act, gaussian_act
@@ -18,7 +19,7 @@ def make_policy(env_id, worker=0, **over):
     overrides = ["algo=ppo", "ppo.hidden=[16, 16]"] + [f"ppo.{k}={v}" for k, v in over.items()]
     algo = PPO(load_config(None, overrides), env_spec(env_id))
     learner = algo.make_learner("cpu")
-    policy = algo.make_policy(worker, 1)
+    policy = policy_for(algo.cfg, algo.spec, worker, 1)
     policy.set_weights(learner.get_weights(), 0)
     policy.net = learner.net  # the torch reference: policies act in numpy and hold no torch net
     return policy

@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 import torch
 
+from distrl.registry import make_policy
 from distrl.algos.apex_dqn import ApexDQN
 from distrl.algos.apex_dqn_acting import worker_epsilon
 from distrl.config import load_config
@@ -57,7 +58,7 @@ def test_double_dqn_target_and_terminal_discount(algo):
 
 
 def test_worker_priorities_are_abs_td_under_own_q(algo):
-    policy = algo.make_policy(0, 2)
+    policy = make_policy(algo.cfg, algo.spec, 0, 2)
     q_net = algo.make_learner("cpu").q  # the reference: the torch network whose weights the worker acts with
     policy.set_weights({k: v.detach().numpy() for k, v in q_net.state_dict().items()}, 0)
     T, E = 3, 2

@@ -4,14 +4,15 @@ import numpy as np
 import pytest
 import torch
 
-from distrl.algos import get_algorithm_class
+from distrl.registry import make_policy
+from distrl.registry import algorithm_class as get_algorithm_class
 from distrl.algos.a2c import a2c_loss
 from distrl.algos.actor_critic import actor_critic_loss, time_major
 from distrl.algos.advantages import gae, vtrace
 from distrl.algos.ppo import ppo_loss
 from distrl.config import load_config
 from distrl.envs import env_spec
-from distrl.rollout import Rollout
+from distrl.roles.rollout import Rollout
 
 T, E = 8, 4
 
@@ -25,7 +26,7 @@ def rollout_batch(algo, learner, k=1, env="CartPole-v1", version=None):
     """k fragments from real Rollouts, concatenated along the env axis like the FIFO does."""
     frags = []
     for i in range(k):
-        policy = algo.make_policy(i, k)
+        policy = make_policy(algo.cfg, algo.spec, i, k)
         policy.set_weights(learner.get_weights(), learner.updates if version is None else version)
         frags.append(Rollout(policy, env, E, T, seed=10 * i, worker_index=i).sample().data)
     if k == 1:
@@ -185,14 +186,14 @@ def grad_message(learner, grads, version):
 def test_a3c_worker_message_is_the_a2c_gradient():
     algo = make("a3c")
     learner = algo.make_learner("cpu")
-    policy = algo.make_policy(0, 1)
+    policy = make_policy(algo.cfg, algo.spec, 0, 1)
     policy.set_weights(learner.get_weights(), 3)
     rollout = Rollout(policy, "CartPole-v1", E, T, 0, 0)
     msg = rollout.sample().data
     assert msg["version"].tolist() == [3] and msg["steps"].tolist() == [T * E]
     assert "rewards" not in msg and all(msg[k].shape == (1,) for k in ("loss_policy", "loss_value", "entropy"))
     # The same fragment (same seeds, same weights) from a plain policy, A2C loss differentiated here.
-    plain = make("a2c").make_policy(0, 1)
+    plain = make_policy(make("a2c").cfg, make("a2c").spec, 0, 1)
     plain.set_weights(learner.get_weights(), 3)
     items = Rollout(plain, "CartPole-v1", E, T, 0, 0).sample().data
     loss, _ = a2c_loss(learner.net, time_major(items, "cpu"), algo.section)

@@ -5,7 +5,8 @@ import sys
 import numpy as np
 import pytest
 
-from distrl.algos import ALGOS, get_algorithm_class
+from distrl.registry import make_policy
+from distrl.registry import ALGOS, algorithm_class as get_algorithm_class
 from distrl.config import load_config
 from distrl.envs import env_spec
 
@@ -18,7 +19,7 @@ def _env(name: str) -> str:
 def test_policies_act_only_after_set_weights(name):
     cfg = load_config(None, [f"algo={name}", f"{name}.hidden=[16, 16]"])
     algo = get_algorithm_class(name)(cfg, env_spec(_env(name)))
-    policy = algo.make_policy(0, 1)
+    policy = make_policy(algo.cfg, algo.spec, 0, 1)
     obs = np.zeros((2, algo.spec.observation_space.shape[0]), np.float32)
     with pytest.raises(RuntimeError, match="no weights yet: call set_weights first"):
         policy.act(obs, explore=False)
@@ -33,9 +34,9 @@ def test_acting_processes_do_not_import_torch():
     code = f"""
 import sys
 from distrl.config import load_config
-from distrl.runtime.local import acting_policy
-from distrl.rollout import Rollout
-from distrl.evaluation import Evaluation
+from distrl.roles.factory import acting_policy
+from distrl.roles.rollout import Rollout
+from distrl.roles.evaluation import Evaluation
 for name, env in {[(n, _env(n)) for n in names]!r}:
     cfg = load_config(None, ["algo=" + name, "env.id=" + env])
     acting_policy(cfg, 0, 2)

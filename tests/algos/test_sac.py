@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from distrl.registry import make_policy
 from distrl.algos.common import BoxScaler as ActionScaler
 from distrl.algos.sac import (SAC, critic_target, squashed_sample,
                               temperature_loss)
@@ -141,7 +142,7 @@ def test_action_scaling_round_trip_asymmetric_box():
 def test_policy_actions_in_bounds_and_postprocess_normalises():
     spec = ASYM
     algo = _algo(spec, random_steps=32, n_step=2)
-    policy = algo.make_policy(0, 2)  # random for the first 32 / 2 = 16 env steps
+    policy = make_policy(algo.cfg, algo.spec, 0, 2)  # random for the first 32 / 2 = 16 env steps
     policy.set_weights(algo.make_learner("cpu").get_weights(), 0)
     rng = np.random.default_rng(1)
     T, E = 4, 3
@@ -167,7 +168,7 @@ def test_greedy_actions_deterministic_and_evaluator_never_random():
     algo = _algo(random_steps=10_000)
     learner = algo.make_learner("cpu")
     weights = learner.get_weights()
-    evaluator = algo.make_policy(-1, 1)
+    evaluator = make_policy(algo.cfg, algo.spec, -1, 1)
     evaluator.set_weights(weights, 0)
     obs = np.random.default_rng(0).standard_normal((5, 3)).astype(np.float32)
     a1, _ = evaluator.act(obs, explore=False)
@@ -180,7 +181,7 @@ def test_greedy_actions_deterministic_and_evaluator_never_random():
 
 def test_numpy_acting_matches_the_torch_actor():
     algo = _algo(ASYM)
-    policy = algo.make_policy(0, 1)
+    policy = make_policy(algo.cfg, algo.spec, 0, 1)
     learner = algo.make_learner("cpu")
     with torch.no_grad():
         for p in learner.actor.parameters():
@@ -257,107 +258,11 @@ def test_state_dict_round_trip_resumes_identically():
         np.testing.assert_array_equal(v, b.get_weights()[k])
 
 
-def test_loads_checkpoint_state_from_three_optimizers():
-    """Checkpoints written before the single optimizer had one Adam each for critic, actor and alpha."""
-    algo = _algo()
-    a = algo.make_learner("cpu")
-    parts = [list(a.critic.parameters()), list(a.actor.parameters()), [a.log_alpha]]
-    old = [torch.optim.Adam(ps, lr=lr) for ps, lr in zip(parts, (1e-3, 3e-4, 5e-3))]
-    for step in range(2):
-        for ps, opt in zip(parts, old):
-            for p in ps:
-                p.grad = torch.full_like(p, 0.1 * (step + 1))
-            opt.step()
-    state = a.state_dict()
-    del state["opt"]
-    state.update(critic_opt=old[0].state_dict(), actor_opt=old[1].state_dict(), alpha_opt=old[2].state_dict())
-    b = algo.make_learner("cpu")
-    b.load_state_dict(state)
-    assert [g["lr"] for g in b.opt.param_groups] == [1e-3, 3e-4, 5e-3]
-    twins = [list(b.critic.parameters()), list(b.actor.parameters()), [b.log_alpha]]
-    for ps, twin_ps, opt in zip(parts, twins, old):
-        for p, twin in zip(ps, twin_ps):
-            for key in ("exp_avg", "exp_avg_sq", "step"):
-                torch.testing.assert_close(b.opt.state[twin][key], opt.state[p][key])
-
-
 def test_get_weights_is_actor_only_and_loads_into_policy():
     algo = _algo()
     weights = algo.make_learner("cpu").get_weights()
     assert all(isinstance(v, np.ndarray) for v in weights.values())
     assert all(k.startswith(("torso", "head")) for k in weights)
-    policy = algo.make_policy(0, 1)
+    policy = make_policy(algo.cfg, algo.spec, 0, 1)
     policy.set_weights(weights, 5)
     assert policy.version == 5
-
-
-# --- the numpy update (the CPU path) against autograd (the torch path) -----------------
-def _twin_learners(**sac):
-    """Two learners from one seed: `fast` runs the numpy update, `ref` the autograd one."""
-    algo = _algo(**sac)
-    torch.manual_seed(0)
-    fast = algo.make_learner("cpu")
-    torch.manual_seed(0)
-    ref = algo.make_learner("cpu")
-    assert fast.numpy
-    ref.numpy = False
-    return fast, ref
-
-
-def _assert_same_learners(a, b):
-    for name in ("actor", "critic", "critic_target"):
-        for k, v in getattr(a, name).state_dict().items():
-            torch.testing.assert_close(v, getattr(b, name).state_dict()[k], rtol=1e-5, atol=1e-6, msg=name + k)
-    torch.testing.assert_close(a.log_alpha.detach(), b.log_alpha.detach(), rtol=1e-5, atol=1e-6)
-
-
-@pytest.mark.parametrize("hidden, autotune, weighted", [([16, 16], True, True), ([16, 16], False, False),
-                                                        ([8], True, False), ([16, 12, 8], True, True)])
-def test_numpy_update_matches_autograd(hidden, autotune, weighted):
-    spec = ASYM  # two action dims, four observation dims
-    fast, ref = (_algo(spec, hidden=hidden, autotune_alpha=autotune, tau=0.1, init_alpha=0.5).make_learner("cpu")
-                 for _ in range(2))
-    ref.load_state_dict(fast.state_dict())
-    ref.numpy = False
-    for step in range(5):
-        batch = _batch(spec, n=64, seed=step, discounts=0.9)
-        batch["discounts"][::5] = 0.0  # some terminal transitions
-        if weighted:
-            batch["weights"] = np.random.default_rng(step).uniform(0.2, 2.0, 64).astype(np.float32)
-        torch.manual_seed(100 + step)
-        out_fast = fast.update(batch)
-        torch.manual_seed(100 + step)
-        out_ref = ref.update(batch)
-        for key in ("loss", "loss_critic", "loss_actor", "loss_alpha", "alpha", "entropy", "q_mean"):
-            assert out_fast[key] == pytest.approx(out_ref[key], rel=1e-4, abs=1e-5), key
-        np.testing.assert_allclose(out_fast["priorities"], out_ref["priorities"], rtol=1e-4, atol=1e-6)
-    _assert_same_learners(fast, ref)
-    if not autotune:
-        assert fast.log_alpha.item() == pytest.approx(np.log(0.5))
-
-
-def test_checkpoints_cross_between_the_numpy_and_autograd_paths():
-    fast, ref = _twin_learners()
-    for i in range(3):
-        fast.update(_batch(PENDULUM, seed=i))
-    ref.load_state_dict(fast.state_dict())  # numpy -> torch optimizer state
-    torch.manual_seed(3)
-    fast.update(_batch(PENDULUM, seed=3))
-    torch.manual_seed(3)
-    ref.update(_batch(PENDULUM, seed=3))
-    _assert_same_learners(fast, ref)
-    back = _algo().make_learner("cpu")
-    back.load_state_dict(ref.state_dict())  # torch -> numpy
-    assert back.numpy and back.adam.steps == 4 == back.updates
-    for learner in (back, ref):
-        torch.manual_seed(4)
-        learner.update(_batch(PENDULUM, seed=4))
-    _assert_same_learners(back, ref)
-
-
-def test_numpy_update_leaves_denormals_representable():
-    """The update flushes denormals only while it runs: the caller's floating-point mode is restored."""
-    learner = _algo().make_learner("cpu")
-    learner.update(_batch(PENDULUM))
-    tiny = np.full(4, 1e-39, np.float32)  # a float32 denormal
-    assert float((tiny * np.float32(1.0)).min()) > 0.0

@@ -1,6 +1,6 @@
 import numpy as np
 
-from distrl.runtime.driver import Reservoir
+from distrl.runtime.counters import Reservoir
 
 
 def test_reservoir_keeps_everything_below_its_size():

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from distrl import resume, train
-from distrl.run_checkpoint import read_checkpoint
-from distrl.runtime.persist import store_digest
+from distrl.checkpoint.run import read_checkpoint
+from distrl.replay.store import digest as store_digest
 from distrl.cli import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -156,7 +156,7 @@ def test_replay_size_limit_and_cross_node_store(mode, limit, tmp_path, request, 
     if mode != "single":
         request.getfixturevalue("ray_session")
     if mode == "sync-remote-replay":
-        from distrl.runtime.cluster import RayRoles
+        from distrl.runtime.ray_roles import RayRoles
 
         monkeypatch.setattr(RayRoles, "replay_on_driver_node", lambda self: False)
         mode = "sync"

@@ -15,7 +15,7 @@ class CheckpointError(ValueError):
     """A checkpoint file is missing, truncated or not what distrl wrote."""
 
 
-def _atomic(path: str, write) -> None:
+def atomic_write(path: str, write) -> None:
     """Write via a temp file in the same dir, fsync, then rename over `path`."""
     d = os.path.dirname(path) or "."
     os.makedirs(d, exist_ok=True)
@@ -35,7 +35,7 @@ def _atomic(path: str, write) -> None:
 def save_weights(path: str, weights: dict[str, np.ndarray], meta: dict[str, Any] | None = None) -> None:
     meta_s = {"distrl": json.dumps(meta or {})}
     arrays = {k: np.ascontiguousarray(v) for k, v in weights.items()}
-    _atomic(path, lambda tmp: save_file(arrays, tmp, metadata=meta_s))
+    atomic_write(path, lambda tmp: save_file(arrays, tmp, metadata=meta_s))
 
 
 def load_weights(path: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
@@ -55,4 +55,4 @@ def save_json(path: str, obj: Any) -> None:
     def write(tmp: str) -> None:
         with open(tmp, "w") as fh:
             json.dump(obj, fh, indent=2, default=float)
-    _atomic(path, write)
+    atomic_write(path, write)

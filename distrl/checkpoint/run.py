@@ -46,7 +46,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import random
+
 import re
 import shutil
 import tempfile
@@ -57,13 +57,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from distrl.checkpoint import CheckpointError, _atomic
+from distrl.checkpoint.files import CheckpointError, atomic_write
+from distrl.checkpoint.rng import capture_global_rng, numpy_rng_from_json, numpy_rng_to_json, restore_global_rng
 # The store file's writer lives apart so the replay server can write one without importing torch.
-from distrl.store_file import ARRAY_KEY as _ARRAY
-from distrl.store_file import STORE, save_store, write_arrays
-from distrl.store_file import check_json_exact as _check_json_exact
-from distrl.store_file import split_store as _split_store
-from distrl.store_file import write_file as _write_file
+from distrl.checkpoint.store_file import ARRAY_KEY as _ARRAY
+from distrl.checkpoint.store_file import STORE, save_store, write_arrays
+from distrl.checkpoint.store_file import check_json_exact as _check_json_exact
+from distrl.checkpoint.store_file import split_store as _split_store
+from distrl.checkpoint.store_file import write_file as _write_file
+from distrl.version import __version__
 
 FORMAT_VERSION = 1
 DONE = "DONE"
@@ -72,55 +74,9 @@ _CKPT_RE = re.compile(r"^ckpt-(\d{8,})$")
 _TMP_PREFIX = ".tmp-ckpt-"
 
 __all__ = [
-    "CheckpointError", "FORMAT_VERSION", "capture_global_rng", "checkpoint_size",
-    "latest_checkpoint", "read_checkpoint", "restore_global_rng", "save_store", "write_checkpoint",
+    "CheckpointError", "FORMAT_VERSION", "capture_global_rng", "checkpoint_size", "latest_checkpoint",
+    "load_latest", "read_checkpoint", "restore_global_rng", "save_store", "write_checkpoint",
 ]
-
-
-# ------------------------------------------------------------------ RNG helpers
-def python_rng_to_json(st: tuple) -> list:
-    """``random.getstate()`` as ``[version, [ints], gauss_next]``."""
-    return [st[0], list(st[1]), st[2]]
-
-
-def python_rng_from_json(js: list) -> tuple:
-    return (int(js[0]), tuple(int(x) for x in js[1]), js[2])
-
-
-def numpy_rng_to_json(st: tuple | None) -> dict | None:
-    """Legacy ``np.random.get_state()`` tuple as a JSON-exact dict."""
-    if st is None:
-        return None
-    name, key, pos, has_gauss, gauss = st
-    return {"bit_generator": str(name), "key": np.asarray(key, dtype=np.uint32).tolist(),
-            "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(gauss)}
-
-
-def numpy_rng_from_json(js: dict | None) -> tuple | None:
-    if js is None:
-        return None
-    return (str(js["bit_generator"]), np.asarray(js["key"], dtype=np.uint32),
-            int(js["pos"]), int(js["has_gauss"]), float(js["cached_gaussian"]))
-
-
-def capture_global_rng() -> dict[str, Any]:
-    """Global RNG states of python ``random``, numpy's legacy generator and torch."""
-    return {"python_rng": python_rng_to_json(random.getstate()),
-            "numpy_rng": np.random.get_state(), "torch_rng": torch.get_rng_state()}
-
-
-def restore_global_rng(d: dict[str, Any]) -> None:
-    """Restore from a :func:`capture_global_rng` dict or a read-back checkpoint state.
-
-    Parts that are absent or None are left alone.
-    """
-    py = d.get("python_rng", (d.get("meta") or {}).get("python_rng"))
-    if py is not None:
-        random.setstate(python_rng_from_json(py))
-    if d.get("numpy_rng") is not None:
-        np.random.set_state(d["numpy_rng"])
-    if d.get("torch_rng") is not None:
-        torch.set_rng_state(d["torch_rng"])
 
 
 # ------------------------------------------------------------------- validation
@@ -227,8 +183,6 @@ def _done_problem(path: str) -> str | None:
 # ------------------------------------------------------------------------ write
 def write_checkpoint(run_dir: str, state: dict[str, Any], keep: int = 3) -> str:
     """Write ``RUN_DIR/checkpoints/ckpt-<N>/`` atomically, prune to `keep`, return its path."""
-    from distrl import __version__  # lazy: distrl/__init__ imports modules that may import us
-
     if keep < 1:
         raise ValueError(f"keep must be >= 1, got {keep}")
     missing = {"meta", "learner", "store", "workers", "torch_rng", "numpy_rng"} - set(state)
@@ -279,7 +233,7 @@ def write_checkpoint(run_dir: str, state: dict[str, Any], keep: int = 3) -> str:
     _fsync_dir(root)
     # DONE last: a kill anywhere above leaves a dir that readers skip.
     done = _json_bytes({"format_version": FORMAT_VERSION, "files": files})
-    _atomic(os.path.join(final, DONE), lambda p: _write_file(p, lambda fh: fh.write(done)))
+    atomic_write(os.path.join(final, DONE), lambda p: _write_file(p, lambda fh: fh.write(done)))
     _fsync_dir(final)
     _prune(root, keep)
     return final
@@ -418,3 +372,15 @@ def checkpoint_size(path: str) -> int:
     for d, _, files in os.walk(path):
         total += sum(os.path.getsize(os.path.join(d, f)) for f in files)
     return total
+
+
+def load_latest(run_dir: str) -> tuple[str, dict[str, Any]]:
+    """(path, state) of the newest complete checkpoint; CheckpointError if there is none."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        path = latest_checkpoint(run_dir)
+    for w in caught:  # incomplete checkpoints are skipped: say so on one line each
+        print(f"distrl: warning: {w.message}")
+    if path is None:
+        raise CheckpointError(f"no complete checkpoint in {os.path.join(run_dir, 'checkpoints')}")
+    return path, read_checkpoint(path)

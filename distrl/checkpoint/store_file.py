@@ -2,7 +2,7 @@
 
 Kept free of torch so the replay server can write its own part of a checkpoint
 (see `ReplayServer.write_store`) without loading torch. The format is described
-in `distrl.run_checkpoint`.
+in `distrl.checkpoint.run`.
 """
 from __future__ import annotations
 
@@ -61,9 +61,9 @@ def split_store(store: Any) -> tuple[Any, dict[str, np.ndarray]]:
     return _split(store, "", "state['store']", arrays), arrays
 
 
-# Module-level rather than a nested recursive closure: that closure is a reference
-# cycle holding `arrays`, so every checkpoint's copy of the replay stayed alive
-# until the next full garbage collection (~6 MB per checkpoint in a soak).
+# Module-level rather than a nested recursive closure: such a closure is a reference
+# cycle holding `arrays`, which would keep each checkpoint's copy of the replay alive
+# until the next full garbage collection.
 def _split(x: Any, path: str, where: str, arrays: dict[str, np.ndarray]) -> Any:
     if isinstance(x, (np.ndarray, np.generic)):
         a = np.asarray(x)

@@ -14,34 +14,29 @@ class Rollout:
     """Steps a vector of envs with batched inference and returns one fragment per call."""
 
     def __init__(self, policy: Policy, env_id: str, num_envs: int, fragment_length: int,
-                 seed: int, worker_index: int, env_kwargs: dict | None = None, env_wrapper=None):
+                 seed: int, worker_index: int, env_kwargs: dict | None = None):
         self.policy = policy
-        self.envs = VectorEnv(env_id, num_envs, seed, env_kwargs, env_wrapper)
+        self.envs = VectorEnv(env_id, num_envs, seed, env_kwargs)
         self.fragment_length = fragment_length
         self.worker_index = worker_index
         self.env_steps = 0
 
     def get_state(self) -> dict:
         """Exploration and RNG state (JSON-exact). Env internals are not captured: on
-        restore every env starts a fresh episode from its restored RNG."""
-        import torch
-
+        restore every env starts a fresh episode from its restored RNG. Workers act in numpy:
+        no torch RNG to keep, and no torch import (A3C's gradients use no randomness)."""
         policy_rng = getattr(self.policy, "rng", None)
         return {
             "env_steps": self.env_steps,
             "policy_rng": policy_rng.bit_generator.state if policy_rng is not None else None,
-            "torch_rng": torch.get_rng_state().tolist(),
             "env_rngs": [env.unwrapped.np_random.bit_generator.state for env in self.envs.envs],
         }
 
     def set_state(self, state: dict) -> None:
-        import torch
-
         self.env_steps = int(state["env_steps"])
         self.policy.observe_steps(self.env_steps)
         if state.get("policy_rng") is not None:
             self.policy.rng.bit_generator.state = state["policy_rng"]
-        torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
         for env, rng_state in zip(self.envs.envs, state["env_rngs"]):
             env.unwrapped.np_random.bit_generator.state = rng_state
         self.envs.reset_all()

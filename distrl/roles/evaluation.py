@@ -9,6 +9,7 @@ import numpy as np
 from distrl.checkpoint import save_json, save_weights
 from distrl.core import Policy, Weights
 from distrl.envs import VectorEnv
+from distrl.roles.factory import acting_policy
 
 EVAL_SEED_OFFSET = 10_000
 
@@ -65,3 +66,8 @@ class Evaluation:
             save_json(os.path.join(ckpt, "best.json"), result)
         result["best_return"] = self.best
         return result
+
+
+def make_evaluation(cfg, run_dir: str, start_time: float, resume: dict | None = None) -> Evaluation:
+    """The evaluator's job with its greedy policy; `resume` carries on a run's evaluations and best."""
+    return Evaluation(acting_policy(cfg, -1, 1), cfg, run_dir, start_time, **(resume or {}))

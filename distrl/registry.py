@@ -1,0 +1,59 @@
+"""The algorithm table: name -> where its learner and its policy live, and its data path.
+
+Module paths are strings and are imported only when used, so this module sits
+at the bottom of the package (the config validates names against it without
+loading torch). The policy is named on its own: rollout workers and the
+evaluator build it without importing the learner's module, and for every
+algorithm but A3C that keeps torch out of their processes.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import NamedTuple
+
+
+class Entry(NamedTuple):
+    learner_module: str
+    """Module holding the `Algorithm` subclass as `ALGORITHM` (torch)."""
+    data_path: str
+    """"replay" (off-policy, sampled), "trajectory" (FIFO, each fragment used once) or
+    "gradients" (A3C: a FIFO of worker-computed gradients, applied in arrival order)."""
+    policy: str
+    """"module:Class" of the acting half."""
+
+
+ALGOS: dict[str, Entry] = {
+    "apex_dqn": Entry("distrl.algos.apex_dqn", "replay", "distrl.algos.apex_dqn_acting:DQNPolicy"),
+    "sac": Entry("distrl.algos.sac", "replay", "distrl.algos.sac_acting:SACPolicy"),
+    "a2c": Entry("distrl.algos.a2c", "trajectory", "distrl.algos.actor_critic_acting:ActorCriticPolicy"),
+    "a3c": Entry("distrl.algos.a3c", "gradients", "distrl.algos.a3c:A3CPolicy"),  # computes gradients: torch
+    "ppo": Entry("distrl.algos.ppo", "trajectory", "distrl.algos.actor_critic_acting:ActorCriticPolicy"),
+    "impala": Entry("distrl.algos.impala", "trajectory", "distrl.algos.actor_critic_acting:ActorCriticPolicy"),
+}
+
+
+def algorithm_class(name: str):
+    """The `Algorithm` subclass registered under `name` (imports its learner module)."""
+    return importlib.import_module(ALGOS[name].learner_module).ALGORITHM
+
+
+def policy_class(name: str):
+    """The acting class of `name` (imports only the acting module)."""
+    module, cls = ALGOS[name].policy.split(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def make_policy(cfg, spec, worker_index: int, num_workers: int):
+    """The policy of `cfg.algo` for worker `worker_index` (-1: the evaluator), from its config section."""
+    seed = cfg.seed + 1000 + worker_index  # the evaluator and each worker differ
+    return policy_class(cfg.algo)(spec, getattr(cfg, cfg.algo), worker_index, num_workers, seed)
+
+
+def data_path(name: str) -> str:
+    """Where this algorithm's experience goes, known without importing torch."""
+    return ALGOS[name].data_path
+
+
+def on_policy(name: str) -> bool:
+    """Each piece of data is used once, by the newest weights (trajectories and gradients)."""
+    return ALGOS[name].data_path != "replay"

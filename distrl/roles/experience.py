@@ -1,0 +1,67 @@
+"""The replay server's job without its process: the store, what a checkpoint takes from it, a refill."""
+from __future__ import annotations
+
+import numpy as np
+
+from distrl.checkpoint import CheckpointError
+from distrl.replay.store import Block, digest, make_store, next_block
+
+
+class ExperienceServer:
+    """Holds a run's experience store (prioritized/uniform replay, or the on-policy FIFO)."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.store = make_store(cfg)
+
+    def __len__(self) -> int:
+        return len(self.store)
+
+    def add(self, data: dict[str, np.ndarray], priorities: np.ndarray | None) -> None:
+        self.store.add(data, priorities)
+
+    def next_block(self, max_updates: int) -> Block | None:
+        return next_block(self.store, self.cfg, max_updates)
+
+    def update_priorities(self, indices, priorities, generations) -> None:
+        self.store.update_priorities(indices, priorities, generations)
+
+    def digest(self) -> str | None:
+        return digest(self.store.state_dict())
+
+    def state(self, max_bytes: int) -> dict | None:
+        """The store's contents for a checkpoint, or None when larger than `max_bytes`
+        (a resumed run then refills it from the workers)."""
+        return self.store.state_dict() if self.store.nbytes <= max_bytes else None
+
+    def write(self, directory: str, max_bytes: int) -> tuple[dict | None, dict]:
+        """Write the contents into a checkpoint directory being built: (skeleton or None, meta).
+
+        Writing where the store lives keeps a big replay out of any copy through another process.
+        """
+        return write_store(directory, self.state(max_bytes))
+
+    def load(self, state: dict) -> None:
+        self.store.load_state_dict(state)
+
+    def refill(self, run_dir: str) -> bool:
+        """Reload the newest checkpoint's store (after a crash restarted us empty); False if none."""
+        from distrl.checkpoint.run import load_latest
+
+        try:
+            _, state = load_latest(run_dir)
+        except CheckpointError:
+            return False  # nothing saved yet: the workers refill the store
+        if state["store"] is None:
+            return False
+        self.load(state["store"])
+        return True
+
+
+def write_store(directory: str, state: dict | None) -> tuple[dict | None, dict]:
+    """A store state into a checkpoint being built: (skeleton or None, what the checkpoint's meta records)."""
+    from distrl.checkpoint.store_file import save_store
+
+    if state is None:
+        return None, {"store_sha256": None, "store_saved": False}
+    return save_store(directory, state), {"store_sha256": digest(state), "store_saved": True}

@@ -1,0 +1,154 @@
+"""The learner's job without its process: blocks of updates, when to publish, the learner's state.
+
+`LearnerLoop` is the one learner loop of every mode. Where its data comes from
+and where its weights go is a `LearnerIO`: `LocalIO` (single mode: the store
+and the policy live in this process) or the Ray actor's (`distrl.runtime.actors`).
+"""
+from __future__ import annotations
+
+import abc
+import time
+from typing import Any
+
+import numpy as np
+
+from distrl.core import Learner, TrainStats, Weights
+from distrl.registry import on_policy
+from distrl.replay.store import Block, block_priority_update, next_block
+
+
+def learn_block(learner: Learner, block: Block, stats: TrainStats) -> np.ndarray | None:
+    """One `update` per batch in the block; return (K, B) priorities if the learner gave any.
+
+    Policy lag of a batch = learner updates so far - mean version of its data,
+    where a version is the learner's update count when those weights were published.
+    """
+    batches, _, weights = block
+    k = next(iter(batches.values())).shape[0]
+    priorities = None
+    for i in range(k):
+        batch = {key: v[i] for key, v in batches.items()}
+        if weights is not None:
+            batch["weights"] = weights[i]
+        stats.lags.append(float(learner.updates - batch["version"].mean()))
+        out = learner.update(batch)
+        stats.consumed += 1
+        if out.get("dropped"):
+            stats.dropped += 1
+        else:
+            stats.updates += 1
+        stats.loss_sum += float(out.get("loss", 0.0))
+        stats.add_scalars(out)
+        if "priorities" in out:
+            if priorities is None:
+                priorities = np.empty((k, len(out["priorities"])), np.float64)
+            priorities[i] = out["priorities"]
+    return priorities
+
+
+class LearnerIO(abc.ABC):
+    """Where a learner loop's blocks come from and where its priorities and weights go."""
+
+    @abc.abstractmethod
+    def request(self, max_updates: int) -> Any:
+        """Ask for the next block; the answer may travel while the learner trains."""
+
+    @abc.abstractmethod
+    def receive(self, handle: Any) -> Block | None:
+        """The block a `request` asked for (None: the store had nothing)."""
+
+    @abc.abstractmethod
+    def write_priorities(self, indices: np.ndarray, priorities: np.ndarray, generations: np.ndarray) -> None:
+        """New priorities for replayed items."""
+
+    @abc.abstractmethod
+    def publish(self, version: int, weights: Weights) -> None:
+        """Make `weights` the newest for workers and the evaluator."""
+
+    def flush(self) -> None:
+        """Wait until every priority write and publication has landed."""
+
+
+class LearnerLoop:
+    """Runs blocks of updates, publishes on schedule, and saves and restores the learner with its RNG.
+
+    On-policy data must come from the newest policy, so those algorithms publish
+    after every update; replay algorithms every `learner.publish_interval` updates.
+    Every call ends with the newest weights published.
+    """
+
+    def __init__(self, learner: Learner, cfg, io: LearnerIO):
+        self.learner, self.cfg, self.io = learner, cfg, io
+        self.on_policy = on_policy(cfg.algo)
+        self.publish_interval = 1 if self.on_policy else cfg.learner.publish_interval
+        self.version = -1
+
+    def publish(self) -> int:
+        self.version = self.learner.updates
+        self.io.publish(self.version, self.learner.get_weights())
+        return self.version
+
+    def train(self, num_updates: int) -> TrainStats:
+        """Up to `num_updates` updates; stops early when the store has nothing to give."""
+        stats = TrainStats()
+        t_start = time.perf_counter()
+        prefetch = None
+        while stats.consumed < num_updates:
+            t0 = time.perf_counter()
+            handle = prefetch if prefetch is not None else self.io.request(num_updates - stats.consumed)
+            prefetch = None
+            block = self.io.receive(handle)
+            stats.wait_s += time.perf_counter() - t0
+            if block is None:
+                stats.starved = True  # the driver then lets workers sample even if updates lag
+                break
+            left = num_updates - stats.consumed - next(iter(block[0].values())).shape[0]
+            if left > 0 and not self.on_policy:
+                prefetch = self.io.request(left)  # the next block travels while this one trains
+            update = block_priority_update(block, learn_block(self.learner, block, stats))
+            if update is not None:
+                self.io.write_priorities(*update)
+            if self.learner.updates - self.version >= self.publish_interval:
+                self.publish()
+        if self.learner.updates != self.version:
+            self.publish()
+        # Weights and priorities land before the call returns, so a sync round's broadcast
+        # pull and the driver's next add see them (and sync runs are deterministic).
+        self.io.flush()
+        stats.version = self.version
+        stats.learner_s = time.perf_counter() - t_start - stats.wait_s
+        return stats
+
+    def get_state(self) -> dict[str, Any]:
+        import torch
+
+        return {"state": self.learner.state_dict(), "torch_rng": torch.get_rng_state(), "version": self.version}
+
+    def set_state(self, state: dict[str, Any]) -> int:
+        """Restore the learner and its RNG, then publish its weights (they are the newest now)."""
+        import torch
+
+        self.learner.load_state_dict(state["state"])
+        torch.set_rng_state(state["torch_rng"])
+        version = self.publish()
+        self.io.flush()
+        return version
+
+
+class LocalIO(LearnerIO):
+    """Single mode: blocks come straight from the store in this process, weights go to its policy."""
+
+    def __init__(self, store, cfg, policy):
+        self.store, self.cfg, self.policy = store, cfg, policy
+
+    def request(self, max_updates: int):
+        return max_updates  # sampled on receive: nothing to overlap with in one process
+
+    def receive(self, handle: int) -> Block | None:
+        return next_block(self.store, self.cfg, handle)
+
+    def write_priorities(self, indices, priorities, generations) -> None:
+        self.store.update_priorities(indices, priorities, generations)
+
+    def publish(self, version: int, weights: Weights) -> None:
+        self.policy.set_weights(weights, version)

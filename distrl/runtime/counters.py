@@ -1,0 +1,87 @@
+"""What the driver counts over a run, and how the counters go into a checkpoint and come back."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+class Reservoir:
+    """A uniform sample of at most `size` values from a stream (Vitter's algorithm R).
+
+    Run-long lag percentiles from bounded memory.
+    """
+
+    def __init__(self, size: int = 20_000, seed: int = 0):
+        self.buf = np.empty(size)
+        self.seen = 0
+        self.rng = np.random.default_rng(seed)
+
+    def extend(self, xs) -> None:
+        for x in xs:
+            slot = self.seen if self.seen < len(self.buf) else int(self.rng.integers(0, self.seen + 1))
+            if slot < len(self.buf):
+                self.buf[slot] = x
+            self.seen += 1
+
+    def values(self) -> np.ndarray:
+        return self.buf[:min(self.seen, len(self.buf))]
+
+
+@dataclass
+class Counters:
+    """Everything the driver counts; one metrics.csv row is a snapshot of this."""
+
+    env_steps: int = 0
+    updates: int = 0
+    consumed: int = 0  # batches the learner took (updates + dropped stale gradients)
+    dropped: int = 0
+    worker_restarts: int = 0
+    fragments_dropped: int = 0
+    env_errors: int = 0
+    episodes: int = 0
+    fragments: int = 0
+    version: int = 0
+    evaluations: int = 0
+    best_eval: float = -math.inf
+    solved_at: float | None = None
+    eval_last: dict | None = None
+    recent_returns: list = field(default_factory=list)
+    # Samples of the current log interval (not checkpointed):
+    lags: list = field(default_factory=list)
+    all_lags: Reservoir = field(default_factory=Reservoir)
+    loss_sum: float = 0.0
+    loss_n: int = 0
+    learner_scalars: dict = field(default_factory=dict)  # name -> [sum, count] since the last log row
+    ready: list = field(default_factory=list)
+    late: list = field(default_factory=list)
+
+
+TRANSIENT = ("lags", "all_lags", "ready", "late", "learner_scalars")
+
+
+def _plain(x):
+    """numpy scalars/arrays -> python, recursively: checkpoint metadata must be JSON-exact."""
+    if isinstance(x, dict):
+        return {k: _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    return x
+
+
+def counters_to_meta(c: Counters) -> dict:
+    d = _plain({f.name: getattr(c, f.name) for f in dataclasses.fields(c) if f.name not in TRANSIENT})
+    d["best_eval"] = None if d["best_eval"] == -math.inf else d["best_eval"]
+    return d
+
+
+def counters_from_meta(meta: dict) -> Counters:
+    c = Counters(**{k: v for k, v in meta.items() if k in {f.name for f in dataclasses.fields(Counters)}})
+    c.best_eval = -math.inf if c.best_eval is None else c.best_eval
+    return c

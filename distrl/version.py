@@ -1,0 +1,2 @@
+"""The distrl version, recorded in every checkpoint."""
+__version__ = "0.1.0"
