@@ -4,7 +4,9 @@
                           [--seeds 0 1 2] [--workers 2] [--max-seconds 300]
 
 Each run is `distrl train ...` in its own process, so Python, torch and Ray
-start-up are all inside the measured time.
+start-up are all inside the measured time. Mode, workers and budget default to
+the config's own; results go to bench/results/solve_<config>.json, one file per
+config, keeping the runs of modes not re-run.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import sys
 import tempfile
 
 from bench.common import ROOT, hardware, write_json
+from distrl.config import load_config
 
 
 def solve_once(config: str, mode: str, seed: int, workers: int, max_seconds: float, extra: list[str]) -> dict:
@@ -41,45 +44,60 @@ def median_or_none(xs):
     return statistics.median(xs) if xs else None
 
 
+def summarise(runs: list[dict], budget: float) -> dict:
+    # An unsolved run counts as its full budget, so the median never flatters.
+    times = [r["time_to_solve_s"] if r["solved"] else budget for r in runs]
+    return {
+        "time_to_solve_s": statistics.median(times), "solved": sum(r["solved"] for r in runs),
+        "runs": len(runs), "budget_s": budget, "env_steps": median_or_none([r["env_steps"] for r in runs]),
+        "updates": median_or_none([r["updates"] for r in runs]),
+        "updates_per_s": median_or_none([r["updates_per_s"] for r in runs]),
+        "policy_lag_p50": median_or_none([r["policy_lag"]["p50"] for r in runs]),
+        "policy_lag_p90": median_or_none([r["policy_lag"]["p90"] for r in runs]),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", default=os.path.join(ROOT, "configs", "apex_dqn_cartpole.yaml"))
-    ap.add_argument("--modes", nargs="+", default=["single", "sync", "async"])
+    ap.add_argument("--modes", nargs="+", help="default: the config's own mode")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--max-seconds", type=float, default=300.0)
+    ap.add_argument("--workers", type=int, help="default: the config's own")
+    ap.add_argument("--max-seconds", type=float, help="default: the config's own stop.max_seconds")
     ap.add_argument("--set", dest="extra", action="append", default=[])
-    ap.add_argument("--out")
+    ap.add_argument("--out", help="default: bench/results/solve_<config>.json (runs of other modes and seeds are kept)")
     args = ap.parse_args()
+    cfg = load_config(args.config, args.extra)
+    modes = args.modes or [cfg.mode]
+    workers = args.workers or cfg.workers
+    budget = args.max_seconds or cfg.stop.max_seconds
     stem = os.path.splitext(os.path.basename(args.config))[0]
     out = args.out or os.path.join(ROOT, "bench", "results", f"solve_{stem}.json")
+    old = json.load(open(out)) if os.path.exists(out) else {}
     results = {"hardware": hardware(), "config": os.path.relpath(args.config, ROOT), "overrides": args.extra,
-               "runs": [], "median": {}}
-    for mode in args.modes:
+               "runs": [r for r in old.get("runs", []) if r["mode"] not in modes], "median": {}}
+    for mode in modes:
         for seed in args.seeds:
-            r = solve_once(args.config, mode, seed, args.workers, args.max_seconds, args.extra)
+            r = solve_once(args.config, mode, seed, workers, budget, args.extra)
+            r["budget_s"], r["commit"] = budget, commit()
             results["runs"].append(r)
             print(json.dumps(r), flush=True)
+    for mode in dict.fromkeys(r["mode"] for r in results["runs"]):
         runs = [r for r in results["runs"] if r["mode"] == mode]
-        # An unsolved run counts as its full budget, so the median never flatters.
-        times = [r["time_to_solve_s"] if r["solved"] else args.max_seconds for r in runs]
-        results["median"][mode] = {
-            "time_to_solve_s": statistics.median(times), "solved": sum(r["solved"] for r in runs),
-            "runs": len(runs), "env_steps": median_or_none([r["env_steps"] for r in runs]),
-            "updates": median_or_none([r["updates"] for r in runs]),
-            "updates_per_s": median_or_none([r["updates_per_s"] for r in runs]),
-            "policy_lag_p50": median_or_none([r["policy_lag"]["p50"] for r in runs]),
-            "policy_lag_p90": median_or_none([r["policy_lag"]["p90"] for r in runs]),
-        }
+        results["median"][mode] = summarise(runs, runs[0].get("budget_s", budget))
     write_json(out, results)
     print(table(results))
 
 
+def commit() -> str:
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+
+
 def table(results: dict) -> str:
-    lines = ["| mode | solved | median time to solve (s) | env steps | updates | updates/s | policy lag p50 / p90 |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| mode | solved | budget (s) | median time to solve (s) | env steps | updates | updates/s | policy lag p50 / p90 |",
+             "|---|---|---|---|---|---|---|---|"]
     for mode, m in results["median"].items():
-        lines.append(f"| {mode} | {m['solved']}/{m['runs']} | {m['time_to_solve_s']:.1f} | {m['env_steps']:.0f} | "
+        lines.append(f"| {mode} | {m['solved']}/{m['runs']} | {m['budget_s']:.0f} | {m['time_to_solve_s']:.1f} | {m['env_steps']:.0f} | "
                      f"{m['updates']:.0f} | {m['updates_per_s']:.0f} | {m['policy_lag_p50']:.0f} / {m['policy_lag_p90']:.0f} |")
     return "\n".join(lines)
 
