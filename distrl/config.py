@@ -47,12 +47,27 @@ class RolloutConfig:
 
 @dataclass
 class ReplayConfig:
-    capacity: int = f(100_000, "transitions kept; the oldest are overwritten", lo=1)
+    capacity: int = f(100_000, "transitions (steps, for sequence replay) kept; the oldest are dropped", lo=1)
     prioritized: bool = f(True, "proportional prioritized replay; false = uniform")
     alpha: float = f(0.6, "priority exponent (0 = uniform)", lo=0.0, hi=1.0)
     beta0: float = f(0.4, "initial importance-sampling exponent, annealed to 1", lo=0.0, hi=1.0)
     beta_steps: int = f(20_000, "sampled batches over which beta reaches 1", lo=1)
     learning_starts: int = f(1000, "transitions stored before the first update", lo=1)
+
+
+@dataclass
+class SequenceConfig:
+    """How recurrent algorithms cut each env's episode into overlapping stored sequences.
+
+    Sequence k of an episode covers episode steps [k*period - burn_in, k*period - burn_in + burn_in +
+    length + n_step): the burn-in prefix comes first (padded before the episode start), then the
+    trained steps, then n_step steps that only supply bootstrap targets.
+    """
+
+    burn_in: int = f(8, "steps unrolled without gradient from the stored state before the trained ones", lo=0)
+    length: int = f(16, "trained steps per sequence", lo=1)
+    period: int = f(8, "steps between the starts of consecutive sequences (length / 2 = 50% overlap)", lo=1)
+    chunk_length: int = f(8, "steps per stored chunk: overlapping sequences share their chunks", lo=1)
 
 
 @dataclass
@@ -107,6 +122,8 @@ class LogConfig:
     interval_steps: int | None = f(None, "write a row every this many env steps instead (deterministic runs)", lo=1)
     progress: bool = f(True, "print a console progress line while training")
     tensorboard: bool = f(True, "write TensorBoard event files into the run dir")
+    trace: bool = f(False, "record what every process does into RUN_DIR/trace.json (distrl timeline / report)")
+    trace_events: int = f(200_000, "events each process keeps for the trace (a ring: the newest are kept)", lo=1)
 
 
 @dataclass
@@ -139,6 +156,28 @@ class SACConfig:
     autotune_alpha: bool = f(True, "learn the temperature towards target_entropy")
     target_entropy: float | None = f(None, "entropy target (null = -dim(action space))")
     random_steps: int = f(5000, "worker env steps with uniform random actions before the policy acts", lo=0)
+
+
+@dataclass
+class R2D2Config:
+    hidden: list = f([64], "MLP torso layer sizes before the recurrent core")
+    core: str = f("lstm", "recurrent core: lstm | gru", choices=("lstm", "gru"))
+    core_size: int = f(64, "recurrent state size", lo=1)
+    dueling: bool = f(True, "dueling value/advantage head")
+    double: bool = f(True, "double-DQN target (online argmax, target value)")
+    n_step: int = f(3, "steps in the n-step return", lo=1)
+    gamma: float = f(0.99, "discount factor", lo=0.0, hi=1.0)
+    lr: float = f(1e-3, "Adam learning rate", lo=0.0, lo_open=True)
+    target_update_interval: int = f(100, "updates between target-network copies", lo=1)
+    grad_clip: float | None = f(10.0, "max global gradient norm (null = no clipping)", lo=0.0, lo_open=True)
+    value_rescaling: bool = f(True, "targets through h(x) = sign(x)(sqrt(|x|+1) - 1) + eps x and its inverse")
+    rescale_eps: float = f(1e-3, "the eps of the value rescaling h", lo=0.0)
+    priority_eta: float = f(0.9, "sequence priority: eta * max|td| + (1 - eta) * mean|td|", lo=0.0, hi=1.0)
+    eps: float = f(0.4, "Ape-X base epsilon: worker i uses eps^(1 + eps_alpha*i/(N-1))", lo=0.0, hi=1.0)
+    eps_alpha: float = f(7.0, "Ape-X epsilon spread exponent", lo=0.0)
+    eps_start: float = f(1.0, "single-worker epsilon at the start of its decay", lo=0.0, hi=1.0)
+    eps_end: float = f(0.02, "single-worker epsilon after the decay", lo=0.0, hi=1.0)
+    eps_decay_steps: int = f(5000, "worker env steps over which a single worker's epsilon decays", lo=1)
 
 
 @dataclass
@@ -193,6 +232,7 @@ class Config:
     replay: ReplayConfig = field(default_factory=ReplayConfig, metadata={"doc": "replay server"})
     learner: LearnerConfig = field(default_factory=LearnerConfig, metadata={"doc": "learner"})
     queue: QueueConfig = field(default_factory=QueueConfig, metadata={"doc": "trajectory FIFO (on-policy algorithms)"})
+    sequence: SequenceConfig = field(default_factory=SequenceConfig, metadata={"doc": "stored sequences (recurrent algorithms)"})
     eval: EvalConfig = field(default_factory=EvalConfig, metadata={"doc": "evaluator"})
     stop: StopConfig = field(default_factory=StopConfig, metadata={"doc": "stop conditions"})
     async_: AsyncConfig = field(default_factory=AsyncConfig, metadata={"doc": "async mode", "key": "async"})
@@ -201,6 +241,7 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig, metadata={"doc": "whole-run checkpoints"})
     apex_dqn: ApexDQNConfig = field(default_factory=ApexDQNConfig, metadata={"doc": "Ape-X DQN hyper-parameters"})
     sac: SACConfig = field(default_factory=SACConfig, metadata={"doc": "SAC hyper-parameters"})
+    r2d2: R2D2Config = field(default_factory=R2D2Config, metadata={"doc": "R2D2 hyper-parameters"})
     a2c: A2CConfig = field(default_factory=A2CConfig, metadata={"doc": "A2C hyper-parameters"})
     a3c: A3CConfig = field(default_factory=A3CConfig, metadata={"doc": "A3C hyper-parameters"})
     ppo: PPOConfig = field(default_factory=PPOConfig, metadata={"doc": "PPO hyper-parameters"})

@@ -96,6 +96,10 @@ class Policy(abc.ABC):
     def observe_steps(self, env_steps: int) -> None:
         """Told how many env steps this worker has taken (for exploration schedules)."""
 
+    def episodes_ended(self, done: np.ndarray) -> None:
+        """Told which envs of the batch just ended an episode: their next observation starts a new one
+        (a recurrent policy resets their state)."""
+
     @abc.abstractmethod
     def postprocess(self, traj: Trajectory) -> tuple[Batch, np.ndarray | None]:
         """Turn a trajectory into stored items and their initial priorities (or None)."""

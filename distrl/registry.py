@@ -16,8 +16,9 @@ class Entry(NamedTuple):
     learner_module: str
     """Module holding the `Algorithm` subclass as `ALGORITHM` (torch)."""
     data_path: str
-    """"replay" (off-policy, sampled), "trajectory" (FIFO, each fragment used once) or
-    "gradients" (A3C: a FIFO of worker-computed gradients, applied in arrival order)."""
+    """"replay" (off-policy transitions, sampled), "sequence" (off-policy sequences in shared chunks,
+    sampled), "trajectory" (FIFO, each fragment used once) or "gradients" (A3C: a FIFO of
+    worker-computed gradients, applied in arrival order)."""
     policy: str
     """"module:Class" of the acting half."""
 
@@ -25,6 +26,7 @@ class Entry(NamedTuple):
 ALGOS: dict[str, Entry] = {
     "apex_dqn": Entry("distrl.algos.apex_dqn", "replay", "distrl.algos.apex_dqn_acting:DQNPolicy"),
     "sac": Entry("distrl.algos.sac", "replay", "distrl.algos.sac_acting:SACPolicy"),
+    "r2d2": Entry("distrl.algos.r2d2", "sequence", "distrl.algos.r2d2_acting:R2D2Policy"),
     "a2c": Entry("distrl.algos.a2c", "trajectory", "distrl.algos.actor_critic_acting:ActorCriticPolicy"),
     "a3c": Entry("distrl.algos.a3c", "gradients", "distrl.algos.a3c:A3CPolicy"),  # computes gradients: torch
     "ppo": Entry("distrl.algos.ppo", "trajectory", "distrl.algos.actor_critic_acting:ActorCriticPolicy"),
@@ -56,4 +58,4 @@ def data_path(name: str) -> str:
 
 def on_policy(name: str) -> bool:
     """Each piece of data is used once, by the newest weights (trajectories and gradients)."""
-    return ALGOS[name].data_path != "replay"
+    return ALGOS[name].data_path in ("trajectory", "gradients")

@@ -1,11 +1,20 @@
-"""Build gymnasium envs by id, turning every failure into one clear `EnvError`."""
+"""Build gymnasium envs by id, turning every failure into one clear `EnvError`.
+
+`env.id` is a registered gymnasium id (`CartPole-v1`), a registered id in a
+module that registers it on import (`package.module:EnvName-v0`, gymnasium's
+convention), or an env class in a module (`popgym.envs.position_only_cartpole:PositionOnlyCartPoleEasy`).
+Discrete and MultiDiscrete observations are one-hot encoded into a float32 Box,
+so every algorithm sees flat vectors.
+"""
 from __future__ import annotations
 
 import importlib
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
 
 from distrl.core import EnvSpec
 
@@ -14,27 +23,43 @@ class EnvError(ValueError):
     """The configured environment can't be built (unknown id, bad kwargs, missing extra)."""
 
 
-def _registered(env_id: str) -> bool:
-    """True if known; 'package.module:EnvName-v0' ids import their module first (gymnasium's convention)."""
-    if ":" in env_id:
-        module, name = env_id.split(":", 1)
-        try:
-            importlib.import_module(module)
-        except ImportError as e:
-            raise EnvError(f"config key 'env.id': cannot import {module!r} for {env_id!r}: {e}") from None
-        return name in gym.envs.registry
-    return env_id in gym.envs.registry
-
-
-def make_env(env_id: str, kwargs: dict[str, Any] | None = None) -> gym.Env:
-    if not _registered(env_id):
+def _constructor(env_id: str) -> Callable[..., gym.Env]:
+    """What builds `env_id` from kwargs, or EnvError naming what is wrong with the id."""
+    if ":" not in env_id:
+        if env_id in gym.envs.registry:
+            return lambda **kw: gym.make(env_id, **kw)
         close = [k for k in gym.envs.registry if k.split("-")[0].lower() == env_id.split("-")[0].lower()]
         hint = f" (did you mean {', '.join(sorted(close)[:3])}?)" if close else ""
         raise EnvError(f"config key 'env.id': unknown gymnasium environment {env_id!r}{hint}")
+    module, name = env_id.split(":", 1)
+    if not module or not name:
+        raise EnvError(f"config key 'env.id': {env_id!r} must look like module:EnvClass or module:EnvId-v0")
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as e:
+        raise EnvError(f"config key 'env.id': cannot import {module!r} for {env_id!r}: {e}") from None
+    if name in gym.envs.registry:
+        return lambda **kw: gym.make(name, **kw)
+    cls = getattr(mod, name, None)
+    if isinstance(cls, type) and issubclass(cls, gym.Env):
+        return cls
+    raise EnvError(f"config key 'env.id': {module!r} has no gymnasium env class or registered id {name!r}")
+
+
+def _flat_observations(env: gym.Env) -> gym.Env:
+    if isinstance(env.observation_space, (spaces.Discrete, spaces.MultiDiscrete)):
+        from gymnasium.wrappers import DtypeObservation, FlattenObservation
+
+        return DtypeObservation(FlattenObservation(env), np.float32)
+    return env
+
+
+def make_env(env_id: str, kwargs: dict[str, Any] | None = None) -> gym.Env:
+    make = _constructor(env_id)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # gymnasium deprecation chatter is not the user's problem
-            return gym.make(env_id, **(kwargs or {}))
+            return _flat_observations(make(**(kwargs or {})))
     except TypeError as e:
         raise EnvError(f"config key 'env.kwargs': {env_id} rejected them: {e}") from None
     except gym.error.DependencyNotInstalled as e:

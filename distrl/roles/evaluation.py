@@ -18,6 +18,7 @@ def play_greedy(policy: Policy, env_id: str, episodes: int, seed: int, env_kwarg
                 max_steps: int = 1_000_000) -> np.ndarray:
     """Returns of `episodes` greedy episodes, one env each, with batched inference."""
     envs = VectorEnv(env_id, episodes, seed, env_kwargs)
+    policy.episodes_ended(np.ones(episodes, bool))  # each greedy episode starts from a fresh state
     returns = np.full(episodes, np.nan)
     running = np.ones(episodes, bool)
     try:
@@ -26,6 +27,7 @@ def play_greedy(policy: Policy, env_id: str, episodes: int, seed: int, env_kwarg
             # Finished envs keep stepping (auto-reset) but only the first episode counts;
             # an episode cut short by an env exception doesn't count and is played again.
             _, rewards, term, trunc, _ = envs.step(actions)
+            policy.episodes_ended(term | trunc)
             done_now = running & (term | trunc) & ~envs.errored
             if done_now.any():
                 returns[done_now] = envs.episode_return_at_end[done_now]

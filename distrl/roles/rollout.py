@@ -40,6 +40,7 @@ class Rollout:
         for env, rng_state in zip(self.envs.envs, state["env_rngs"]):
             env.unwrapped.np_random.bit_generator.state = rng_state
         self.envs.reset_all()
+        self.policy.episodes_ended(np.ones(self.envs.num_envs, bool))
 
     def sample(self) -> Fragment:
         T, E = self.fragment_length, self.envs.num_envs
@@ -69,6 +70,7 @@ class Rollout:
             for k, v in ex.items():
                 extras[k][t] = v
             next_obs[t], rewards[t], terminated[t], truncated[t], finished = envs.step(a)
+            self.policy.episodes_ended(terminated[t] | truncated[t])
             for ret, length in finished:
                 returns.append(ret)
                 lengths.append(length)
