@@ -60,7 +60,7 @@ def run(mode: str, workers: int, seconds: float, learn: bool, extra: list[str] =
     overrides = [f"mode={mode}", f"workers={workers}", "eval.target_return=null", "log.progress=false",
                  "log.tensorboard=false", "log.interval_s=0.5", *extra]
     if not learn:  # sampling only: learning never starts, so no learner competes for the cores
-        overrides += ["replay.capacity=2000000", "replay.learning_starts=2000000", "eval.interval_s=1000"]
+        overrides += ["replay.capacity=2000000", "replay.min_size=2000000", "eval.interval_s=1000"]
     run_dir = tempfile.mkdtemp(prefix=f"bench-{mode}-{workers}-")
     start = time.time()
     # stop.max_seconds counts from start-up: give start-up its own allowance.

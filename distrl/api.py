@@ -31,8 +31,8 @@ def validate(cfg: Config) -> None:
 
         if not torch.cuda.is_available():
             raise ConfigError(f"config key 'device': {cfg.device} requested but no CUDA device is visible")
-    if cfg.replay.learning_starts > cfg.replay.capacity:
-        raise ConfigError("config key 'replay.learning_starts': larger than replay.capacity, learning would never start")
+    if cfg.replay.min_size > cfg.replay.capacity:
+        raise ConfigError("config key 'replay.min_size': larger than replay.capacity, learning would never start")
 
 
 def default_run_dir(cfg: Config) -> str:

@@ -69,6 +69,7 @@ class FragmentInfo:
     timings: dict[str, float] = field(default_factory=dict)
     env_errors: int = 0
     pid: int = 0  # the worker's process id: a change means the worker was restarted
+    items: int = 0  # items the fragment stores (transitions, sequences): what the rate limiter counts
 
 
 @dataclass

@@ -12,6 +12,7 @@ METRIC_COLUMNS = [
     "train_return_mean", "eval_return_mean", "eval_return_std", "best_eval_return",
     "policy_lag_mean", "policy_lag_max", "loss", "workers_ready_mean", "workers_late_mean",
     "fragments_dropped", "worker_restarts", "env_errors", "gradients_dropped", "weight_version",
+    "workers_blocked_frac", "learner_blocked_frac",
 ]
 
 
@@ -19,6 +20,10 @@ def _fmt(v) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-"
     return f"{v:.0f}" if abs(v) >= 100 else f"{v:.3g}"
+
+
+def _pct(v) -> str:
+    return "-" if v is None else f"{100 * v:.0f}%"
 
 
 class MetricsLogger:
@@ -66,11 +71,13 @@ class MetricsLogger:
             self._bar.update(row["env_steps"] - self._bar.n)
             self._bar.set_postfix_str(
                 f"{_fmt(row['env_steps_per_s'])} steps/s, updates {row['updates']} ({_fmt(row['updates_per_s'])}/s), "
-                f"eval {_fmt(row.get('eval_return_mean'))}, lag {_fmt(row.get('policy_lag_mean'))}", refresh=True)
+                f"eval {_fmt(row.get('eval_return_mean'))}, lag {_fmt(row.get('policy_lag_mean'))}, "
+                f"blocked w/l {_pct(row.get('workers_blocked_frac'))}/{_pct(row.get('learner_blocked_frac'))}", refresh=True)
         elif self.progress_lines:
             print(f"{row['wall_s']:6.1f}s  steps {row['env_steps']:>8}  {_fmt(row['env_steps_per_s'])} steps/s  "
                   f"updates {row['updates']:>6} ({_fmt(row['updates_per_s'])}/s)  "
-                  f"eval {_fmt(row.get('eval_return_mean'))}  lag {_fmt(row.get('policy_lag_mean'))}",
+                  f"eval {_fmt(row.get('eval_return_mean'))}  lag {_fmt(row.get('policy_lag_mean'))}  "
+                  f"blocked w/l {_pct(row.get('workers_blocked_frac'))}/{_pct(row.get('learner_blocked_frac'))}",
                   file=sys.stderr, flush=True)
 
     def close(self) -> None:

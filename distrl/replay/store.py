@@ -13,6 +13,7 @@ import numpy as np
 from distrl.registry import data_path
 from distrl.replay.buffer import GENERATION_KEY, ReplayBuffer
 from distrl.replay.fifo import FragmentQueue
+from distrl.replay.rate_limiter import RateLimiter
 
 Store = ReplayBuffer | FragmentQueue
 
@@ -25,6 +26,28 @@ def make_store(cfg) -> Store:
         return FragmentQueue(cfg.queue.capacity)
     r = cfg.replay
     return ReplayBuffer(r.capacity, r.prioritized, r.alpha, r.beta0, r.beta_steps, seed=cfg.seed)
+
+
+def items_per_gather(cfg) -> int:
+    """Items one gather is expected to insert: every worker's fragment in sync mode, about one otherwise."""
+    frag = cfg.rollout.fragment_length * cfg.env.num_envs
+    if data_path(cfg.algo) == "sequence":
+        frag = -(-frag // cfg.sequence.period)
+    return frag * (cfg.workers if cfg.mode == "sync" else 1)
+
+
+def error_buffer(cfg) -> float:
+    """The rate limiter's buffer: the config's, or one gather of inserts plus one learner block."""
+    if cfg.replay.error_buffer is not None:
+        return cfg.replay.error_buffer
+    lc = cfg.learner
+    return cfg.replay.samples_per_insert * items_per_gather(cfg) + lc.batch_size * lc.batches_per_call
+
+
+def make_rate_limiter(cfg, inserts: int = 0, samples: int = 0, exact: bool = False) -> RateLimiter:
+    """The run's limiter at these counts; `exact` drops the buffer (for ending a run on the ratio)."""
+    r = cfg.replay
+    return RateLimiter(r.samples_per_insert, r.min_size, 0.0 if exact else error_buffer(cfg), inserts, samples)
 
 
 def fragments_per_update(cfg) -> int:

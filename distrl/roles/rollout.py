@@ -86,6 +86,6 @@ class Rollout:
             worker=self.worker_index, version=version, env_steps=T * E,
             episode_returns=np.asarray(returns, np.float64), episode_lengths=np.asarray(lengths, np.int64),
             timings={"env_s": t_env, "inference_s": t_act + time.perf_counter() - t0},
-            env_errors=envs.env_errors - errors_before, pid=os.getpid(),
+            env_errors=envs.env_errors - errors_before, pid=os.getpid(), items=len(data["version"]),
         )
         return Fragment(data, priorities, info)

@@ -45,6 +45,10 @@ class Counters:
     fragments: int = 0
     version: int = 0
     evaluations: int = 0
+    inserts: int = 0   # items stored (rate limiter)
+    samples: int = 0   # items sampled by the learner (rate limiter)
+    workers_blocked_s: float = 0.0  # wall time the driver held workers back (rate limiter or a full queue)
+    learner_blocked_s: float = 0.0  # wall time the learner sat idle with no updates allowed
     best_eval: float = -math.inf
     solved_at: float | None = None
     eval_last: dict | None = None

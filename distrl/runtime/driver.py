@@ -11,7 +11,7 @@ from distrl.config import Config
 from distrl.core import Gathered, Roles, TrainStats, add_to_sums
 from distrl.observe import MetricsLogger
 from distrl.registry import on_policy
-from distrl.replay.store import fragments_per_update
+from distrl.replay.store import fragments_per_update, items_per_gather, make_rate_limiter
 from distrl.runtime.counters import Counters
 from distrl.runtime.snapshot import save_checkpoint
 
@@ -36,23 +36,34 @@ class Driver:
         self.learner_starved = False
         self.last_eval_steps = self.c.env_steps
         self.last_log = self.last_log_steps = self.last_log_updates = None
+        self.insert_estimate = items_per_gather(cfg)  # items the next gather may add
+        self.held = {"workers": False, "learner": False}  # which side the last loop pass held back
+        self.blocked_at_log = (self.c.workers_blocked_s, self.c.learner_blocked_s)
+        self.last_tick = time.time()
 
-    # --- budget: the update-to-data ratio holds in every mode -------------------
-    def update_target(self) -> int:
-        """Batches the learner should have consumed by now, given the data gathered."""
-        if self.on_policy:
-            return self.c.fragments // self.fpu  # each fragment is used exactly once
-        started = self.c.env_steps - self.cfg.replay.learning_starts
-        return int(self.cfg.learner.updates_per_step * started) if started >= 0 else 0
-
-    def update_budget(self) -> int:
-        return self.update_target() - self.c.consumed - self.roles.updates_in_flight()
+    # --- budget: the rate limiter (replay) or one update per batch of fragments (on-policy) ---
+    def update_budget(self, exact: bool = False) -> int:
+        """Updates the learner may start now (`exact`: hold the ratio with no buffer, for a run's end)."""
+        inflight = self.roles.updates_in_flight()
+        if self.on_policy:  # each fragment is used exactly once
+            return self.c.fragments // self.fpu - self.c.consumed - inflight
+        limiter = make_rate_limiter(self.cfg, self.c.inserts, self.c.samples, exact)
+        return limiter.sample_allowance() // self.cfg.learner.batch_size - inflight
 
     def sampling_allowed(self) -> bool:
-        """Workers back off when the learner is behind (backpressure)."""
+        """Workers are held back while the learner is behind (the rate limiter, or a full FIFO)."""
         if self.on_policy:
             return self.c.fragments - self.c.consumed * self.fpu < self.cfg.queue.capacity
-        return self.learner_starved or self.update_budget() <= 8 * self.cfg.learner.batches_per_call
+        limiter = make_rate_limiter(self.cfg, self.c.inserts, self.c.samples)
+        return self.learner_starved or limiter.can_insert(self.insert_estimate)
+
+    def _tick(self, workers_held: bool, learner_held: bool) -> None:
+        """Charge the time since the last pass to whichever side was held back during it."""
+        now = time.time()
+        dt, self.last_tick = now - self.last_tick, now
+        self.c.workers_blocked_s += dt if self.held["workers"] else 0.0
+        self.c.learner_blocked_s += dt if self.held["learner"] else 0.0
+        self.held = {"workers": workers_held, "learner": learner_held}
 
     # --- the loop ---------------------------------------------------------------
     def run(self) -> dict:
@@ -60,9 +71,12 @@ class Driver:
         self.last_log_steps, self.last_log_updates = self.c.env_steps, self.c.updates
         reason = None
         while reason is None:
-            self._count_fragments(self.roles.gather(self.sampling_allowed()))
-            for stats in self.roles.train(self.update_budget()):
+            allowed = self.sampling_allowed()
+            self._count_fragments(self.roles.gather(allowed))
+            budget = self.update_budget()
+            for stats in self.roles.train(budget):
                 self._count_training(stats)
+            self._tick(workers_held=not allowed, learner_held=budget <= 0 and self.roles.updates_in_flight() == 0)
             self._evaluate()
             reason = self._stop_reason()
             if self._log_due() or reason:
@@ -75,6 +89,10 @@ class Driver:
     def _count_fragments(self, gathered: Gathered) -> None:
         self.c.fragments_dropped += gathered.failed
         self.c.worker_restarts = self.roles.restarts().workers
+        if gathered.infos:
+            items = sum(info.items for info in gathered.infos)
+            self.c.inserts += items
+            self.insert_estimate = max(self.insert_estimate, items)
         for info in gathered.infos:
             self.c.env_errors += info.env_errors
             self.c.env_steps += info.env_steps
@@ -89,6 +107,7 @@ class Driver:
         self.learner_starved = stats.starved
         self.c.updates += stats.updates
         self.c.consumed += stats.consumed
+        self.c.samples += stats.consumed * self.cfg.learner.batch_size
         self.c.dropped += stats.dropped
         self.c.version = max(self.c.version, stats.version)
         self.c.lags.extend(stats.lags)
@@ -160,21 +179,24 @@ class Driver:
             "workers_ready_mean": _mean(c.ready), "workers_late_mean": _mean(c.late),
             "fragments_dropped": c.fragments_dropped, "worker_restarts": c.worker_restarts,
             "env_errors": c.env_errors, "gradients_dropped": c.dropped, "weight_version": c.version,
+            "workers_blocked_frac": round((c.workers_blocked_s - self.blocked_at_log[0]) / dt, 3),
+            "learner_blocked_frac": round((c.learner_blocked_s - self.blocked_at_log[1]) / dt, 3),
         }
         learner = {k: total / n for k, (total, n) in sorted(c.learner_scalars.items()) if n}
         self.logger.row(row, learner)
         c.lags, c.ready, c.late, c.learner_scalars = [], [], [], {}
         c.loss_sum, c.loss_n = 0.0, 0
         self.last_log, self.last_log_steps, self.last_log_updates = now, c.env_steps, c.updates
+        self.blocked_at_log = (c.workers_blocked_s, c.learner_blocked_s)
 
     def _catch_up(self) -> None:
         """At an env-step stop, let the learner finish the updates this data is owed,
         so the update-to-data ratio holds exactly at the end of the run too."""
         deadline = time.time() + 120
         while time.time() < deadline and not self.learner_starved:
-            if self.update_budget() <= 0 and self.roles.updates_in_flight() == 0:
+            if self.update_budget(exact=True) <= 0 and self.roles.updates_in_flight() == 0:
                 return
-            for stats in self.roles.train(self.update_budget()):
+            for stats in self.roles.train(self.update_budget(exact=True)):
                 self._count_training(stats)
             time.sleep(0.002)
 
@@ -197,6 +219,20 @@ class Driver:
         self.logger.close()
         return summary
 
+    def _rate_summary(self, wall: float) -> dict:
+        """Which side waited for the other, and the ratio that held."""
+        c = self.c
+        out = {"workers_blocked_s": round(c.workers_blocked_s, 3), "learner_blocked_s": round(c.learner_blocked_s, 3),
+               "workers_blocked_frac": round(c.workers_blocked_s / max(wall, 1e-9), 3),
+               "learner_blocked_frac": round(c.learner_blocked_s / max(wall, 1e-9), 3)}
+        if not self.on_policy:
+            limiter = make_rate_limiter(self.cfg, c.inserts, c.samples)
+            ratio = limiter.observed_ratio()
+            out.update(inserts=c.inserts, samples=c.samples, samples_per_insert=self.cfg.replay.samples_per_insert,
+                       samples_per_insert_observed=None if ratio is None else round(ratio, 3),
+                       error_buffer=limiter.error_buffer)
+        return out
+
     def _summary(self, reason: str, restarts) -> dict:
         wall = time.time() - self.start
         lags = self.c.all_lags.values() if self.c.all_lags.seen else np.zeros(1)
@@ -216,6 +252,7 @@ class Driver:
             "failure": self.failure,
             "policy_lag": {"mean": float(lags.mean()), "p50": float(np.percentile(lags, 50)),
                            "p90": float(np.percentile(lags, 90)), "max": float(lags.max())},
+            "rate_limiter": self._rate_summary(wall),
             "time_breakdown_s": {k: round(v, 3) for k, v in self.roles.time_breakdown().items()},
             "checkpoints": len(self.checkpoint_s),
             "checkpoint_s_max": round(max(self.checkpoint_s), 3) if self.checkpoint_s else None,

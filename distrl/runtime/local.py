@@ -116,7 +116,9 @@ class LocalRoles(Roles):
         return self.experience.digest()
 
     def gather(self, allow_sampling: bool) -> Gathered:
-        frag = self.rollout.sample()  # one process: sampling is what lets the learner catch up
+        if not allow_sampling:  # the learner is behind: this pass only trains
+            return Gathered()
+        frag = self.rollout.sample()
         self.experience.add(frag.data, frag.priorities)
         for k, v in frag.info.timings.items():
             self.timings[k] += v

@@ -18,7 +18,7 @@ SUMMARY_KEYS = {"algo", "env", "mode", "workers", "seed", "wall_s", "env_steps",
 def short_run(tmp_path, mode, extra=()):
     run_dir = str(tmp_path / mode)
     summary = train(CARTPOLE, run_dir=run_dir, overrides=[
-        f"mode={mode}", "workers=2", "stop.max_env_steps=6000", "replay.learning_starts=1000",
+        f"mode={mode}", "workers=2", "stop.max_env_steps=6000", "replay.min_size=1000",
         "eval.interval_s=0.5", "log.interval_s=0.5", "log.progress=false", *extra])
     return run_dir, summary
 
@@ -45,7 +45,21 @@ def check_run_dir(run_dir, summary, mode):
     assert "priorities" not in learner[0] and "loss" not in learner[0]
     assert [r["updates"] for r in learner] == sorted(r["updates"] for r in learner)
     assert learner[-1]["updates"] <= summary["updates"]
+    check_rate_limiter(rows, summary)
     return rows
+
+
+def check_rate_limiter(rows, summary):
+    """The sample-to-insert ratio held within the error buffer (and exactly, to a batch, after the final
+    catch-up), nothing was sampled before min_size items were stored, and blocked time was counted."""
+    rl = summary["rate_limiter"]
+    assert rl["inserts"] == summary["env_steps"]  # one n-step transition per env step
+    owed = rl["samples_per_insert"] * (rl["inserts"] - 1000)
+    assert rl["samples"] == summary["updates"] * 512
+    assert -512 < rl["samples"] - owed <= rl["error_buffer"], rl
+    assert all(int(r["env_steps"]) >= 1000 for r in rows if int(r["updates"]) > 0)
+    assert 0.0 <= rl["workers_blocked_frac"] <= 1.0 and 0.0 <= rl["learner_blocked_frac"] <= 1.0
+    assert all(r["workers_blocked_frac"] != "" for r in rows)
 
 
 def test_single_mode_end_to_end(tmp_path):
@@ -59,9 +73,6 @@ def test_distributed_modes_end_to_end(ray_session, tmp_path, mode):
     run_dir, summary = short_run(tmp_path, mode)
     rows = check_run_dir(run_dir, summary, mode)
     assert summary["workers"] == 2
-    # The update-to-data ratio holds in every mode (within one learner call of slack).
-    expected = 0.03125 * (summary["env_steps"] - 1000)
-    assert abs(summary["updates"] - expected) <= 64 + 0.03125 * 512 * 2
     ready = [float(r["workers_ready_mean"]) for r in rows if r["workers_ready_mean"]]
     assert ready
     if mode == "sync":

@@ -1,0 +1,20 @@
+"""The config's building block: a dataclass field that carries its doc and its valid range."""
+from __future__ import annotations
+
+from dataclasses import field
+from typing import Any
+
+MODES = ("single", "sync", "async")
+
+
+class ConfigError(ValueError):
+    """A user mistake in a config file, an override or a flag."""
+
+
+def f(default: Any, doc: str, *, lo: float | None = None, hi: float | None = None,
+      choices: tuple | None = None, lo_open: bool = False) -> Any:
+    """A dataclass field with its doc and the range `_check_range` enforces."""
+    meta = {"doc": doc, "lo": lo, "hi": hi, "choices": choices, "lo_open": lo_open}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)

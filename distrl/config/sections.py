@@ -1,0 +1,100 @@
+"""The run-level sections of a config: env, rollout, replay, learner, evaluation, stops, faults, logging."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from distrl.config.fields import f
+
+
+@dataclass
+class EnvConfig:
+    id: str = f("CartPole-v1", "gymnasium environment id")
+    num_envs: int = f(16, "environments each rollout worker steps with one batched forward pass", lo=1)
+    kwargs: dict = f({}, "keyword arguments passed to gymnasium.make (e.g. continuous: true)")
+
+
+@dataclass
+class RolloutConfig:
+    fragment_length: int = f(16, "steps per environment in one fragment sent by a worker", lo=1)
+
+
+@dataclass
+class ReplayConfig:
+    capacity: int = f(100_000, "transitions (steps, for sequence replay) kept; the oldest are dropped", lo=1)
+    prioritized: bool = f(True, "proportional prioritized replay; false = uniform")
+    alpha: float = f(0.6, "priority exponent (0 = uniform)", lo=0.0, hi=1.0)
+    beta0: float = f(0.4, "initial importance-sampling exponent, annealed to 1", lo=0.0, hi=1.0)
+    beta_steps: int = f(20_000, "sampled batches over which beta reaches 1", lo=1)
+    min_size: int = f(1000, "items stored before the learner samples", lo=1)
+    samples_per_insert: float = f(2.0, "rate limiter: times each stored item is sampled, on average (learner side and worker side both block to hold it)", lo=0.0, lo_open=True)
+    error_buffer: float | None = f(None, "rate limiter: sampled items either side may run ahead of the ratio before it blocks (null = one gather of inserts plus one learner block)", lo=0.0, lo_open=True)
+
+
+@dataclass
+class SequenceConfig:
+    """How recurrent algorithms cut each env's episode into overlapping stored sequences.
+
+    Sequence k of an episode covers episode steps [k*period - burn_in, k*period - burn_in + burn_in +
+    length + n_step): the burn-in prefix comes first (padded before the episode start), then the
+    trained steps, then n_step steps that only supply bootstrap targets.
+    """
+
+    burn_in: int = f(8, "steps unrolled without gradient from the stored state before the trained ones", lo=0)
+    length: int = f(16, "trained steps per sequence", lo=1)
+    period: int = f(8, "steps between the starts of consecutive sequences (length / 2 = 50% overlap)", lo=1)
+    chunk_length: int = f(8, "steps per stored chunk: overlapping sequences share their chunks", lo=1)
+
+
+@dataclass
+class QueueConfig:
+    capacity: int = f(8, "fragments the trajectory FIFO holds before workers are held back", lo=1)
+
+
+@dataclass
+class LearnerConfig:
+    batch_size: int = f(256, "items (transitions or sequences) per gradient update", lo=1)
+    batches_per_call: int = f(8, "batches fetched from the replay server per round trip", lo=1)
+    publish_interval: int = f(8, "updates between weight publications to the parameter server", lo=1)
+    fragments_per_update: int = f(0, "on-policy: fragments per update (0 = one per worker)", lo=0)
+
+
+@dataclass
+class EvalConfig:
+    target_return: float | None = f(None, "mean greedy return that ends the run as solved (null = never)")
+    episodes: int = f(20, "greedy episodes per evaluation", lo=1)
+    interval_s: float = f(1.0, "seconds between evaluations", lo=0.0)
+    interval_steps: int | None = f(None, "evaluate every this many env steps instead, waiting for the result (deterministic runs)", lo=1)
+
+
+@dataclass
+class StopConfig:
+    max_seconds: float = f(600.0, "wall seconds before the run stops", lo=0.0, lo_open=True)
+    max_env_steps: int | None = f(None, "env steps before the run stops (null = no limit)", lo=1)
+
+
+@dataclass
+class AsyncConfig:
+    window_s: float = f(0.02, "seconds each async gather waits for ready workers", lo=0.0)
+
+
+@dataclass
+class FaultConfig:
+    max_worker_restarts: int = f(10, "rollout-worker process restarts before the run stops", lo=0)
+    max_env_errors: int = f(1000, "env exceptions (each ends its episode and is counted) before the run stops", lo=0)
+
+
+@dataclass
+class CheckpointConfig:
+    interval_s: float = f(60.0, "seconds between whole-run checkpoints (one is also taken at every stop and on SIGTERM/SIGINT)", lo=0.0, lo_open=True)
+    keep: int = f(3, "newest complete checkpoints kept", lo=1)
+    max_replay_bytes: int = f(2_000_000_000, "replay larger than this is left out of checkpoints; a resumed run then refills it from the workers", lo=0)
+
+
+@dataclass
+class LogConfig:
+    interval_s: float = f(1.0, "seconds between metrics.csv rows and progress updates", lo=0.01)
+    interval_steps: int | None = f(None, "write a row every this many env steps instead (deterministic runs)", lo=1)
+    progress: bool = f(True, "print a console progress line while training")
+    tensorboard: bool = f(True, "write TensorBoard event files into the run dir")
+    trace: bool = f(False, "record what every process does into RUN_DIR/trace.json (distrl timeline / report)")
+    trace_events: int = f(200_000, "events each process keeps for the trace (a ring: the newest are kept)", lo=1)

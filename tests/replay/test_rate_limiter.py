@@ -1,0 +1,74 @@
+"""The rate limiter's semantics (Reverb's SampleToInsertRatio) and that it cannot deadlock."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from distrl.config import load_config
+from distrl.replay.rate_limiter import RateLimiter
+from distrl.replay.store import error_buffer, items_per_gather, make_rate_limiter
+
+
+def test_nothing_is_sampled_before_min_size():
+    lim = RateLimiter(samples_per_insert=4.0, min_size=100, error_buffer=50.0)
+    lim.inserts = 99
+    assert not lim.can_sample(1) and lim.sample_allowance() == 0
+    assert lim.can_insert(1)  # reaching min_size is always allowed
+    lim.inserts = 100
+    assert lim.can_sample(50) and not lim.can_sample(51) and lim.sample_allowance() == 50
+
+
+def test_each_side_blocks_when_it_runs_ahead_by_more_than_the_buffer():
+    lim = RateLimiter(samples_per_insert=2.0, min_size=10, error_buffer=8.0, inserts=20)
+    # 10 items past min_size at 2 samples each: 20 samples are due, 8 more may run ahead.
+    assert lim.sample_allowance() == 28
+    lim.samples = 28
+    assert not lim.can_sample(1)
+    # Workers may insert until the learner is 8 samples behind: (20 + n) * 2 - 28 <= 20 + 8.
+    assert lim.can_insert(8) and not lim.can_insert(9)
+    lim.inserts = 28
+    assert not lim.can_insert(1) and lim.can_sample(16) and not lim.can_sample(17)  # 56 - 28 - n >= 20 - 8
+
+
+def test_observed_ratio_counts_past_min_size():
+    lim = RateLimiter(2.0, 10, 4.0, inserts=30, samples=40)
+    assert lim.observed_ratio() == 2.0
+    assert RateLimiter(2.0, 10, 4.0, inserts=10).observed_ratio() is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(spi=st.floats(0.05, 64.0), min_size=st.integers(1, 500), insert=st.integers(1, 300),
+       batch=st.integers(1, 600), slack=st.floats(1.0, 3.0), seed=st.integers(0, 2**31))
+def test_a_deadlock_free_buffer_always_lets_one_side_move_and_holds_the_ratio(spi, min_size, insert, batch, slack, seed):
+    """Random interleavings of insert rounds and sample batches: whenever one side is blocked the other can
+    move, and the ratio stays within the buffer, however the two sides race."""
+    e = slack * (spi * insert + batch) / 2
+    assert RateLimiter.deadlock_free(spi, e, insert, batch)
+    lim = RateLimiter(spi, min_size, e)
+    rng = np.random.default_rng(seed)
+    for _ in range(300):
+        can_i, can_s = lim.can_insert(insert), lim.can_sample(batch)
+        assert can_i or can_s, (lim, insert, batch)
+        if can_i and (not can_s or rng.random() < 0.5):
+            lim.inserts += insert
+        else:
+            lim.samples += batch
+        if lim.inserts >= min_size:
+            dev = lim.diff - lim.offset
+            assert -e - 1e-6 <= dev <= e + spi * insert + 1e-6
+
+
+def test_the_default_buffer_is_one_gather_of_inserts_plus_one_learner_block_and_deadlock_free():
+    cfg = load_config("configs/apex_dqn_cartpole.yaml", ["mode=sync", "workers=3"])
+    assert items_per_gather(cfg) == 3 * 16 * 16
+    e = error_buffer(cfg)
+    assert e == 16 * 3 * 256 + 512 * 8
+    assert RateLimiter.deadlock_free(16, e, items_per_gather(cfg), cfg.learner.batch_size)
+    assert make_rate_limiter(cfg, exact=True).error_buffer == 0.0
+    assert error_buffer(load_config("configs/apex_dqn_cartpole.yaml", ["replay.error_buffer=123"])) == 123
+
+
+@pytest.mark.parametrize("mode", ["single", "async"])
+def test_one_fragment_per_gather_outside_sync(mode):
+    cfg = load_config("configs/sac_lunarlander_continuous.yaml", [f"mode={mode}"])
+    assert items_per_gather(cfg) == cfg.rollout.fragment_length * cfg.env.num_envs
