@@ -1,4 +1,4 @@
-"""`distrl train | eval`: the command line. User mistakes -> one line on stderr, exit 2."""
+"""`distrl train | resume | eval | timeline | report | plot`: the command line. User mistakes -> one line on stderr, exit 2."""
 from __future__ import annotations
 
 import time
@@ -46,6 +46,56 @@ def _eval_parser(sub) -> None:
     p.add_argument("run_dir")
     p.add_argument("--episodes", type=int, default=20)
     p.add_argument("--seed", type=int, default=12345)
+
+
+def _window_flags(p) -> None:
+    p.add_argument("--from", dest="t_from", type=float, metavar="S", help="window start, seconds since the run's start")
+    p.add_argument("--to", dest="t_to", type=float, metavar="S", help="window end, seconds since the run's start")
+
+
+def _observe_parsers(sub) -> None:
+    p = sub.add_parser("timeline", help="draw a traced run's processes over time as a PNG")
+    p.add_argument("run_dir")
+    _window_flags(p)
+    p.add_argument("-o", "--output", help="PNG to write (default RUN_DIR/timeline.png)")
+    p = sub.add_parser("report", help="where a traced run's time went, and its bottleneck")
+    p.add_argument("run_dir")
+    _window_flags(p)
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p = sub.add_parser("plot", help="learning curves of runs, grouped by algo, env and mode")
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    p.add_argument("-o", "--output", help="PNG to write (default plot.png in the first run dir)")
+
+
+def _observe(fn, *args, **kwargs):
+    """Run an observe command; a run dir lacking its data is a user mistake, not a traceback."""
+    from distrl.observe.rundir import RunDataError
+
+    try:
+        return fn(*args, **kwargs)
+    except RunDataError as e:
+        raise UsageError(str(e)) from None
+
+
+def cmd_timeline(args) -> int:
+    from distrl.observe.timeline import run_timeline
+
+    print(_observe(run_timeline, args.run_dir, args.t_from, args.t_to, args.output))
+    return 0
+
+
+def cmd_report(args) -> int:
+    from distrl.observe.report import run_report
+
+    print(_observe(run_report, args.run_dir, args.json, args.t_from, args.t_to))
+    return 0
+
+
+def cmd_plot(args) -> int:
+    from distrl.observe.plot import run_plot
+
+    print(_observe(run_plot, args.run_dirs, args.output))
+    return 0
 
 
 def cmd_train(args) -> int:
@@ -101,12 +151,15 @@ def main(argv: list[str] | None = None) -> int:
     _train_parser(sub)
     _resume_parser(sub)
     _eval_parser(sub)
+    _observe_parsers(sub)
     from distrl.checkpoint import CheckpointError
     from distrl.config import ConfigError
 
     try:
         args = parser.parse_args(argv)
-        return {"train": cmd_train, "resume": cmd_resume, "eval": cmd_eval}[args.command](args)
+        commands = {"train": cmd_train, "resume": cmd_resume, "eval": cmd_eval, "timeline": cmd_timeline,
+                    "report": cmd_report, "plot": cmd_plot}
+        return commands[args.command](args)
     except (UsageError, ConfigError, CheckpointError) as e:
         print(f"distrl: error: {e}", file=sys.stderr)
         return 2

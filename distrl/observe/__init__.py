@@ -1,4 +1,5 @@
-"""What a run shows: progress line, metrics.csv, TensorBoard."""
+"""What a run shows: progress line, metrics.csv, TensorBoard, and traces of what every process does."""
 from distrl.observe.metrics import METRIC_COLUMNS, MetricsLogger
+from distrl.observe.trace import Tracer, configure, tracer, validate_trace, write_trace
 
-__all__ = ["METRIC_COLUMNS", "MetricsLogger"]
+__all__ = ["METRIC_COLUMNS", "MetricsLogger", "Tracer", "configure", "tracer", "validate_trace", "write_trace"]

@@ -1,0 +1,398 @@
+"""What every process does, over time: a cheap per-process recorder, the trace.json writer, its checker.
+
+Each process owns one `Tracer` (`configure` / `tracer`); recording appends a small tuple
+(ph, ts_us, dur_us, name, cat or flow id, thread, args) to a bounded ring, so a long run keeps its
+newest events and counts the lost ones. The driver collects every process's `drain()` (plain Python:
+it travels through Ray, which this module never imports) and `write_trace` makes one Chrome
+trace-event file (Perfetto, chrome://tracing), timed from the run's start; `validate_trace` checks
+what the writer promises and the `timeline` / `report` commands rely on.
+"""
+from __future__ import annotations
+
+import collections
+import itertools
+import json
+import os
+import re
+import socket
+import threading
+import time
+
+ROLE_ALIASES = {"ps": "parameter server", "param server": "parameter server", "params": "parameter server"}
+# Lane order in viewers: driver/main, learner, replay, parameter server, workers by index, evaluator.
+ROLE_ORDER = {"driver": 0, "main": 0, "learner": 1, "replay": 2, "parameter server": 3, "worker": 4, "evaluator": 5}
+MAX_PROBLEMS = 50  # validate_trace stops listing after this many: one broken writer floods otherwise
+
+
+def _now_us() -> int:
+    return time.time_ns() // 1000  # wall clock, so processes on one host (and NTP-synced hosts) line up
+
+
+class _NoSpan:
+    """The shared span of a disabled tracer: entering and leaving it costs two method calls."""
+    __slots__ = ()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        return False
+
+    def set(self, **args) -> None:
+        pass
+
+
+_NO_SPAN = _NoSpan()
+
+
+class _Span:
+    """A complete event timed around a `with` block; `set(**args)` adds args known only at the end."""
+    __slots__ = ("_args", "_cat", "_name", "_t0", "_tracer")
+
+    def __init__(self, tracer: Tracer, name: str, cat: str, args: dict):
+        self._tracer, self._name, self._cat, self._args = tracer, name, cat, args
+
+    def __enter__(self):
+        self._t0 = _now_us()
+        return self
+
+    def set(self, **args) -> None:
+        self._args.update(args)
+
+    def __exit__(self, *exc) -> bool:
+        t0 = self._t0
+        self._tracer._push(("X", t0, _now_us() - t0, self._name, self._cat, threading.get_ident(),
+                            self._args or None))
+        return False
+
+
+class Tracer:
+    """One process's recorder. Every method returns at once when `enabled` is False."""
+
+    def __init__(self, role: str = "main", index: int | None = None, enabled: bool = False,
+                 capacity: int = 100_000, node: str | None = None):
+        self.role, self.index, self.enabled = role, index, enabled
+        self.capacity = max(1, int(capacity))
+        self.node = node or socket.gethostname()
+        self.dropped = 0
+        self._ring: collections.deque = collections.deque(maxlen=self.capacity)
+        self._open: dict[int, tuple] = {}  # begin() tokens not yet ended
+        self._tokens = itertools.count(1)
+
+    def _push(self, event: tuple) -> None:
+        # The deque evicts the oldest by itself; the count is racy across threads, which only
+        # makes `dropped` approximate, never the ring unbounded.
+        if len(self._ring) == self.capacity:
+            self.dropped += 1
+        self._ring.append(event)
+
+    def span(self, name: str, cat: str, **args):
+        return _Span(self, name, cat, args) if self.enabled else _NO_SPAN
+
+    def begin(self, name: str, cat: str) -> int | None:
+        if not self.enabled:
+            return None
+        if len(self._open) >= self.capacity:  # ends that never come must not grow memory forever
+            self._open.pop(next(iter(self._open)))
+            self.dropped += 1
+        token = next(self._tokens)
+        self._open[token] = (name, cat, _now_us(), threading.get_ident())
+        return token
+
+    def end(self, token, **args) -> None:
+        opened = self._open.pop(token, None) if token is not None else None
+        if opened is not None and self.enabled:
+            name, cat, t0, thread = opened
+            self._push(("X", t0, _now_us() - t0, name, cat, thread, args or None))
+
+    def complete(self, name: str, cat: str, start_s: float, dur_s: float, **args) -> None:
+        """A span timed by the caller: `start_s` from time.time(), `dur_s` in seconds."""
+        if self.enabled:
+            self._push(("X", int(start_s * 1e6), max(0, int(dur_s * 1e6)), name, cat,
+                        threading.get_ident(), args or None))
+
+    def instant(self, name: str, cat: str, **args) -> None:
+        if self.enabled:
+            self._push(("i", _now_us(), 0, name, cat, threading.get_ident(), args or None))
+
+    def flow_out(self, flow: str, flow_id: int) -> None:
+        if self.enabled:
+            self._push(("s", _now_us(), 0, flow, flow_id, threading.get_ident(), None))
+
+    def flow_in(self, flow: str, flow_id: int) -> None:
+        if self.enabled:
+            self._push(("f", _now_us(), 0, flow, flow_id, threading.get_ident(), None))
+
+    def drain(self) -> dict:
+        """Everything recorded since the last drain, and how many events the ring lost meanwhile."""
+        # Swap rings rather than copy-and-clear, so an event appended meanwhile by another
+        # thread lands in one drain or the next, never in neither.
+        ring, self._ring = self._ring, collections.deque(maxlen=self.capacity)
+        events, (dropped, self.dropped) = list(ring), (self.dropped, 0)
+        live = {t.ident: (t.native_id, t.name) for t in threading.enumerate()}
+        threads = {e[5]: live[e[5]] for e in events if e[5] in live}
+        meta = {"role": self.role, "index": self.index, "pid": os.getpid(), "node": self.node,
+                "dropped": dropped, "capacity": self.capacity, "threads": threads}
+        return {"meta": meta, "events": events}
+
+
+_TRACER = Tracer()
+
+
+def configure(role: str, index: int | None = None, enabled: bool = True, capacity: int = 100_000,
+              node: str | None = None) -> Tracer:
+    """Give this process its tracer (called once by each role at start-up)."""
+    global _TRACER
+    _TRACER = Tracer(role, index, enabled, capacity, node)
+    return _TRACER
+
+
+def tracer() -> Tracer:
+    """This process's tracer: a disabled one until `configure` enables it."""
+    return _TRACER
+
+
+# --- the file ---------------------------------------------------------------------------------
+
+def process_name(role: str, index: int | None) -> str:
+    role = str(role).strip().lower().replace("_", " ")
+    role = ROLE_ALIASES.get(role, role)
+    return role if index is None else f"{role} {index}"
+
+
+def split_name(name: str) -> tuple[str, int | None]:
+    """"worker 3" -> ("worker", 3); "parameter server" -> ("parameter server", None)."""
+    m = re.fullmatch(r"(.*?) (\d+)", name)
+    return (m.group(1), int(m.group(2))) if m else (name, None)
+
+
+def _sort_index(role: str, index: int | None) -> int:
+    return ROLE_ORDER.get(role, 6) * 100_000 + (index or 0)
+
+
+def _merge(drained: list[dict]) -> dict[int, dict]:
+    """Several drains of one process (a periodic collection) become one."""
+    procs: dict[int, dict] = {}
+    for d in drained:
+        meta = d["meta"]
+        proc = procs.setdefault(meta["pid"], {"meta": dict(meta, dropped=0, threads={}), "events": []})
+        proc["meta"]["dropped"] += meta.get("dropped", 0)
+        proc["meta"]["threads"].update(meta.get("threads") or {})
+        proc["events"].extend(d["events"])
+    return procs
+
+
+def _thread_ids(pid: int, meta: dict, events: list) -> dict:
+    """Recorded thread ident -> (tid, name). The OS thread id when known (main thread = pid)."""
+    out, spare = {}, itertools.count(1)
+    for ident in dict.fromkeys(e[5] for e in events):
+        native, name = meta["threads"].get(ident, (None, None))
+        out[ident] = (native if native else pid * 1000 + next(spare), name or f"thread {len(out)}")
+    return out
+
+
+def _nest(spans: list[dict]) -> int:
+    """Clip spans that outlast their parent on the same thread (clock rounding, mixed timers)."""
+    clipped, stacks = 0, {}
+    for ev in sorted(spans, key=lambda e: (e["tid"], e["ts"], -e["dur"])):
+        stack = stacks.setdefault(ev["tid"], [])
+        while stack and stack[-1] <= ev["ts"]:
+            stack.pop()
+        if stack and ev["ts"] + ev["dur"] > stack[-1]:
+            ev["dur"], clipped = stack[-1] - ev["ts"], clipped + 1
+        stack.append(ev["ts"] + ev["dur"])
+    return clipped
+
+
+def _bound(halves: list[dict], spans: list[dict]) -> list[dict]:
+    """Flow halves that lie inside a span on their thread (the slice they bind to)."""
+    out, stacks = [], {}
+    items = sorted([(e["tid"], e["ts"], 0, e) for e in spans] + [(h["tid"], h["ts"], 1, h) for h in halves],
+                   key=lambda t: (t[0], t[1], t[2], -t[3].get("dur", 0)))
+    for tid, ts, kind, ev in items:
+        stack = stacks.setdefault(tid, [])
+        while stack and stack[-1] < ts:
+            stack.pop()
+        if kind == 0:
+            stack.append(ts + ev["dur"])
+        elif stack:
+            out.append(ev)
+    return out
+
+
+def _pair_flows(halves: list[dict]) -> tuple[list[dict], int]:
+    """(paired events, halves left alone): each consumer gets its producer (the newest one not after
+    it) under a fresh id, so one publish pulled by many workers draws an arrow to each of them."""
+    by_key: dict[tuple, dict] = {}
+    for h in halves:
+        by_key.setdefault((h["cat"], h["id"]), {"s": [], "f": []})[h["ph"]].append(h)
+    out, ids, lone = [], itertools.count(1), 0
+    for group in by_key.values():
+        outs = sorted(group["s"], key=lambda h: h["ts"])
+        if not outs or not group["f"]:
+            lone += len(outs) + len(group["f"])
+        for f in group["f"] if outs else []:
+            earlier = [s for s in outs if s["ts"] <= f["ts"]]
+            s = earlier[-1] if earlier else outs[0]
+            flow_id = next(ids)
+            out += [dict(s, id=flow_id), dict(f, id=flow_id, bp="e")]
+    return out, lone
+
+
+def _process_events(pid: int, proc: dict, origin: int) -> tuple[list, list, list, int]:
+    """(metadata, spans and instants, flow halves, spans clipped) of one process, ts relative to origin."""
+    meta, events = proc["meta"], proc["events"]
+    name = process_name(meta["role"], meta.get("index"))
+    role, index = split_name(name)
+    tids = _thread_ids(pid, meta, events)
+    head = [{"ph": "M", "pid": pid, "tid": pid, "name": key, "args": {field: value}} for key, field, value in (
+        ("process_name", "name", name), ("process_labels", "labels", f"node {meta.get('node')}, pid {pid}"),
+        ("process_sort_index", "sort_index", _sort_index(role, index)))]
+    head += [{"ph": "M", "pid": pid, "tid": tid, "name": "thread_name", "args": {"name": tname}}
+             for tid, tname in tids.values()]
+    body, halves = [], []
+    for ph, ts, dur, a, b, ident, args in events:
+        base = {"ph": ph, "pid": pid, "tid": tids[ident][0], "ts": ts - origin}
+        if ph in ("s", "f"):
+            halves.append(dict(base, name=a, cat=a, id=b))
+        else:
+            ev = dict(base, name=a, cat=b, args=args or {})
+            if ph == "X":
+                ev["dur"] = dur
+            else:
+                ev["s"] = "t"  # an instant scoped to its thread
+            body.append(ev)
+    clipped = _nest([e for e in body if e["ph"] == "X"])
+    return head, body, _bound(halves, [e for e in body if e["ph"] == "X"]), clipped
+
+
+def _order(ev: dict) -> tuple:
+    # Parents before children at one ts; flow halves after the span they bind to.
+    return ev["ts"], 0 if ev["ph"] == "X" else 1, -ev.get("dur", 0)
+
+
+def _json_default(obj):
+    return obj.item() if hasattr(obj, "item") else str(obj)  # numpy scalars in span args
+
+
+def write_trace(path: str, drained: list[dict], start_time: float, extra: dict | None = None) -> None:
+    """Merge the processes' drains into one trace-event JSON file at `path` (written atomically)."""
+    origin = round(start_time * 1e6)
+    heads, bodies, halves, dropped, clipped, unbound = {}, {}, [], {}, 0, 0
+    for pid, proc in sorted(_merge(drained).items()):
+        heads[pid], bodies[pid], bound, n_clipped = _process_events(pid, proc, origin)
+        halves += bound
+        clipped += n_clipped
+        unbound += sum(e[0] in ("s", "f") for e in proc["events"]) - len(bound)
+        name = heads[pid][0]["args"]["name"]
+        dropped[name] = dropped.get(name, 0) + proc["meta"]["dropped"]
+    flows, lone = _pair_flows(halves)
+    for ev in flows:
+        bodies[ev["pid"]].append(ev)
+    events = [ev for pid, head in heads.items() for ev in head + sorted(bodies[pid], key=_order)]
+    other = {"start_time": start_time, "dropped": dropped, "spans_clipped": clipped,
+             "flow_halves_dropped": lone + unbound, **(extra or {})}
+    obj = {"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as fh:
+        json.dump(obj, fh, default=_json_default, separators=(",", ":"))
+    os.replace(tmp, path)  # a reader never sees half a file
+
+
+# --- the checker ------------------------------------------------------------------------------
+
+def _check_top(obj) -> list[str]:
+    if not isinstance(obj, dict):
+        return ["the trace is not a JSON object"]
+    other = obj.get("otherData")
+    return [problem for ok, problem in (
+        (isinstance(obj.get("traceEvents"), list), "no traceEvents list"),
+        (obj.get("displayTimeUnit") in ("ms", "ns"), "displayTimeUnit is not 'ms' or 'ns'"),
+        (isinstance(other, dict) and isinstance(other.get("start_time"), (int, float)),
+         "otherData has no numeric start_time")) if not ok]
+
+
+def _check_event(i: int, ev) -> str | None:
+    if not isinstance(ev, dict) or ev.get("ph") not in ("X", "M", "s", "f", "i"):
+        return f"event {i} is not an object with a known ph (X, M, s, f, i)"
+    ph, num = ev["ph"], (int, float)
+    checks = ((isinstance(ev.get("pid"), int) and isinstance(ev.get("tid"), int), "an integer pid and tid"),
+              (isinstance(ev.get("name"), str), "a name"),
+              (ph != "M" or isinstance(ev.get("args"), dict), "args"),
+              (ph == "M" or isinstance(ev.get("ts"), num), "a numeric ts"),
+              (ph == "M" or isinstance(ev.get("cat"), str), "a cat"),
+              (ph != "X" or isinstance(ev.get("dur"), num) and ev["dur"] >= 0, "a dur >= 0"),
+              (ph not in ("s", "f") or "id" in ev, "an id"),
+              (ph != "f" or ev.get("bp") == "e", "bp 'e' (binding to its enclosing slice)"))
+    lacking = [what for ok, what in checks if not ok]
+    return f"event {i} ({ph} {ev.get('name')!r}) lacks {', '.join(lacking)}" if lacking else None
+
+
+def _check_metadata(events: list[dict]) -> list[str]:
+    needed = ("process_name", "process_labels", "process_sort_index")
+    have: dict[int, set] = {}
+    for ev in events:
+        if ev["ph"] == "M":
+            have.setdefault(ev["pid"], set()).add(ev["name"])
+    pids = {ev["pid"] for ev in events if ev["ph"] != "M"} | set(have)
+    return [f"process {pid} has no {name} metadata" for pid in sorted(pids) for name in needed
+            if name not in have.get(pid, set())]
+
+
+def _check_order(events: list[dict]) -> list[str]:
+    last, problems = {}, []
+    for ev in events:
+        if ev["ph"] == "M":
+            continue
+        if ev["ts"] < last.get(ev["pid"], float("-inf")):
+            problems.append(f"process {ev['pid']}: timestamps go backwards at {ev['name']} (ts {ev['ts']})")
+        last[ev["pid"]] = max(ev["ts"], last.get(ev["pid"], float("-inf")))
+    return problems
+
+
+def _check_nesting(events: list[dict]) -> list[str]:
+    problems, stacks = [], {}
+    for ev in sorted((e for e in events if e["ph"] == "X"), key=lambda e: (e["pid"], e["tid"], e["ts"], -e["dur"])):
+        stack = stacks.setdefault((ev["pid"], ev["tid"]), [])
+        while stack and stack[-1][0] <= ev["ts"]:
+            stack.pop()
+        if stack and ev["ts"] + ev["dur"] > stack[-1][0]:
+            problems.append(f"process {ev['pid']} thread {ev['tid']}: span {ev['name']} at {ev['ts']} "
+                            f"overlaps {stack[-1][1]} without nesting inside it")
+        stack.append((ev["ts"] + ev["dur"], ev["name"]))
+    return problems
+
+
+def _check_flows(events: list[dict]) -> list[str]:
+    halves = [e for e in events if e["ph"] in ("s", "f")]
+    problems, by_id = [], {}
+    for h in halves:
+        by_id.setdefault(h["id"], []).append(h["ph"])
+    for flow_id, phs in by_id.items():
+        if sorted(phs) != ["f", "s"]:
+            problems.append(f"flow {flow_id} is not one start and one end (has {sorted(phs)})")
+    spans = [e for e in events if e["ph"] == "X"]
+    bound = {id(h) for h in _bound(halves, spans)}
+    problems += [f"flow {h['id']} {h['ph']} at {h['ts']} lies in no span of process {h['pid']} thread {h['tid']}"
+                 for h in halves if id(h) not in bound]
+    return problems
+
+
+def validate_trace(path_or_obj) -> list[str]:
+    """Problems with a trace (a path or the loaded object); [] when it is well formed."""
+    obj = path_or_obj
+    if isinstance(path_or_obj, (str, os.PathLike)):
+        try:
+            with open(path_or_obj) as fh:
+                obj = json.load(fh)
+        except (OSError, ValueError) as e:
+            return [f"cannot read {path_or_obj}: {e}"]
+    problems = _check_top(obj)
+    if not isinstance(obj, dict) or not isinstance(obj.get("traceEvents"), list):
+        return problems
+    found = [(ev, _check_event(i, ev)) for i, ev in enumerate(obj["traceEvents"])]
+    problems += [bad for _, bad in found if bad]
+    events = [ev for ev, bad in found if not bad]
+    for check in (_check_metadata, _check_order, _check_nesting, _check_flows):
+        problems += check(events)
+    return problems[:MAX_PROBLEMS]
