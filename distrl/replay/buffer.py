@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from distrl.replay.sumtree import SumTree
+from distrl.replay.sumtree import SumTree, stratified_sample
 
 GENERATION_KEY = "_generation"
 _STORAGE_PREFIX = "storage/"
@@ -161,15 +161,8 @@ class ReplayBuffer:
             idx = self._rng.integers(0, self._size, size=shape, dtype=np.int64)
             weights = np.ones(shape, dtype=np.float32)
         else:
-            total = self._tree.total
-            # Stratified: one uniform draw inside each of batch_size segments.
-            u = (np.arange(batch_size) + self._rng.random(shape)) * (total / batch_size)
-            idx = self._tree.find(u)
-            probs = self._tree.get(idx) / total
             betas = self._beta_at(self._sample_count + np.arange(num_batches))
-            # Work in log space so tiny probabilities can't overflow to inf.
-            logw = -np.asarray(betas)[:, None] * np.log(self._size * probs)
-            weights = np.exp(logw - logw.max(axis=1, keepdims=True)).astype(np.float32)
+            idx, weights = stratified_sample(self._tree, self._rng, self._size, num_batches, batch_size, betas)
         self._sample_count += num_batches
         batch = {k: v[idx] for k, v in self._storage.items()}
         batch[GENERATION_KEY] = self._gen[idx]

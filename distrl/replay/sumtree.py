@@ -5,6 +5,22 @@ from __future__ import annotations
 import numpy as np
 
 
+def stratified_sample(tree: "SumTree", rng: np.random.Generator, size: int, num_batches: int, batch_size: int,
+                      betas: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Proportional prioritized sampling: (indices, importance weights), both (num_batches, batch_size).
+
+    Stratified: one uniform draw inside each of batch_size equal segments of the total
+    priority. Weights (size * P(i))^-beta are normalised by each batch's max, in log
+    space so tiny probabilities cannot overflow.
+    """
+    total = tree.total
+    u = (np.arange(batch_size) + rng.random((num_batches, batch_size))) * (total / batch_size)
+    idx = tree.find(u)
+    probs = tree.get(idx) / total
+    logw = -np.asarray(betas)[:, None] * np.log(size * probs)
+    return idx, np.exp(logw - logw.max(axis=1, keepdims=True)).astype(np.float32)
+
+
 class SumTree:
     """Binary sum tree over ``capacity`` non-negative leaves.
 
