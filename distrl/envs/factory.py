@@ -23,6 +23,17 @@ class EnvError(ValueError):
     """The configured environment can't be built (unknown id, bad kwargs, missing extra)."""
 
 
+def import_module_of(env_id: str) -> tuple[Any, str]:
+    """(imported module, name) of a `module:name` id, or EnvError naming what is wrong with it."""
+    module, _, name = env_id.partition(":")
+    if not module or not name:
+        raise EnvError(f"config key 'env.id': {env_id!r} must look like module:Name")
+    try:
+        return importlib.import_module(module), name
+    except ImportError as e:
+        raise EnvError(f"config key 'env.id': cannot import {module!r} for {env_id!r}: {e}") from None
+
+
 def _constructor(env_id: str) -> Callable[..., gym.Env]:
     """What builds `env_id` from kwargs, or EnvError naming what is wrong with the id."""
     if ":" not in env_id:
@@ -31,19 +42,13 @@ def _constructor(env_id: str) -> Callable[..., gym.Env]:
         close = [k for k in gym.envs.registry if k.split("-")[0].lower() == env_id.split("-")[0].lower()]
         hint = f" (did you mean {', '.join(sorted(close)[:3])}?)" if close else ""
         raise EnvError(f"config key 'env.id': unknown gymnasium environment {env_id!r}{hint}")
-    module, name = env_id.split(":", 1)
-    if not module or not name:
-        raise EnvError(f"config key 'env.id': {env_id!r} must look like module:EnvClass or module:EnvId-v0")
-    try:
-        mod = importlib.import_module(module)
-    except ImportError as e:
-        raise EnvError(f"config key 'env.id': cannot import {module!r} for {env_id!r}: {e}") from None
+    mod, name = import_module_of(env_id)
     if name in gym.envs.registry:
         return lambda **kw: gym.make(name, **kw)
     cls = getattr(mod, name, None)
     if isinstance(cls, type) and issubclass(cls, gym.Env):
         return cls
-    raise EnvError(f"config key 'env.id': {module!r} has no gymnasium env class or registered id {name!r}")
+    raise EnvError(f"config key 'env.id': {mod.__name__!r} has no gymnasium env class or registered id {name!r}")
 
 
 def _flat_observations(env: gym.Env) -> gym.Env:

@@ -1,0 +1,344 @@
+"""The multi-agent protocol distrl's rollout workers step, and a PettingZoo adapter for it.
+
+A `MultiAgentEnv` steps N agents at once with arrays, not dicts: actions (N,) int in,
+an `MAStep` out (observations (N, *obs_shape), rewards (N,), an `active` mask and a
+communication mask). It is not a gymnasium.Env because gymnasium rewards are scalars.
+
+Meaning of the arrays after a step:
+- `active[i]`: agent i has not left the episode. An agent leaves when it is done by its own
+  task (PettingZoo: terminated or truncated while others go on); from then on it is False.
+  At the episode's last step, agents cut by the end (truncation, or still acting when the
+  episode terminates) stay True: their observation rows are the final observations a learner
+  bootstraps from.
+- `obs[i]` is zero where `active[i]` is False; `rewards[i]` is the reward of the step for every
+  agent that was active before it (including the step on which it leaves), 0 otherwise.
+- `comm_mask[i, j]`: i may receive a message from j. Always False on the diagonal and for
+  inactive agents (rows and columns). It is computed from the env state at each step so a
+  worker can store it with the experience and the learner can reuse it on replay.
+
+`ParallelEnvAdapter` wraps any PettingZoo `ParallelEnv`:
+- Agents are indexed in `possible_agents` order. Agents absent from `env.agents` are inactive.
+- Observation spaces must be `Box`. If every agent has the same shape it is kept (so an image
+  stays (C, H, W)); if shapes differ, every observation is flattened and zero-padded at the end
+  to the largest size (bounds padded with 0). Action spaces must be `Discrete` of one size;
+  actions are 0-based (the space's `start` is added for the env).
+- Episode end: when no agent is live. `terminated` if every agent that was live before the last
+  step terminated, else `truncated`.
+- Communication mask, first that applies: the `comm_fn(env, active)` given; the env's own
+  `comm_mask()` method (`ParallelView` has one); with `comm_k`, each agent's k
+  nearest active agents by Euclidean distance of positions (ties: lower index), positions from
+  the env's `agent_positions()` or MPE's `env.unwrapped.world.agents[i].state.p_pos`; otherwise
+  all pairs of active agents.
+- `info` at the end: `return_mean` (mean per-agent return over all possible agents) plus the
+  float entries of any agent's `infos[agent]["episode"]` dict (how the MAPF view passes its
+  episode metrics through).
+
+`ParallelView` is the other direction: any `MultiAgentEnv` behind the PettingZoo Parallel API
+(how the MAPF gridworld exposes it).
+"""
+from __future__ import annotations
+
+import abc
+import importlib
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+from pettingzoo.utils.env import ParallelEnv
+
+from distrl.envs.factory import EnvError, import_module_of
+
+
+@dataclass
+class MAStep:
+    """What a reset or step returns; the arrays are (N, ...) over all agents (module docstring)."""
+
+    obs: np.ndarray
+    rewards: np.ndarray
+    terminated: bool
+    truncated: bool
+    active: np.ndarray
+    comm_mask: np.ndarray
+    info: dict = field(default_factory=dict)
+
+
+class MultiAgentEnv(abc.ABC):
+    """N agents sharing one observation space and one Discrete action space."""
+
+    num_agents: int
+    observation_space: spaces.Box
+    action_space: spaces.Discrete
+
+    @abc.abstractmethod
+    def reset(self, seed: int | None = None) -> MAStep:
+        """Start an episode (rewards 0, terminated/truncated False)."""
+
+    @abc.abstractmethod
+    def step(self, actions: np.ndarray) -> MAStep:
+        """Step every active agent; actions of inactive agents are ignored."""
+
+    def close(self) -> None:
+        """Release resources."""
+
+
+def comm_mask_from_positions(positions: np.ndarray, active: np.ndarray, k: int | None = None,
+                             view_radius: float | None = None) -> np.ndarray:
+    """mask[i, j]: j is one of the k nearest active agents of i (Euclidean; ties to the lower index)
+    among those inside i's square view (|dx|, |dy| <= view_radius, a symmetric relation).
+
+    Not symmetric in general: j may be among i's k nearest while i is not among j's.
+    `k=None` keeps every candidate; `view_radius=None` means no view limit.
+    """
+    pos = np.asarray(positions, np.float64)
+    n = len(pos)
+    diff = pos[:, None, :] - pos[None, :, :]
+    cand = active[:, None] & active[None, :] & ~np.eye(n, dtype=bool)
+    if view_radius is not None:
+        cand &= np.abs(diff).max(axis=-1) <= view_radius
+    if k is None or k >= n - 1:
+        return cand
+    d2 = np.where(cand, (diff * diff).sum(axis=-1), np.inf)
+    order = np.argsort(d2, axis=1, kind="stable")  # stable: equal distances keep index order
+    rank = np.empty_like(order)
+    np.put_along_axis(rank, order, np.arange(n)[None, :].repeat(n, 0), axis=1)
+    return cand & (rank < k)
+
+
+def env_positions(env: Any) -> np.ndarray | None:
+    """(N, D) positions of `env.possible_agents` if the env exposes them, else None (NaN rows: unknown)."""
+    if callable(getattr(env, "agent_positions", None)):
+        return np.asarray(env.agent_positions(), np.float64)
+    world = getattr(getattr(env, "unwrapped", None), "world", None)
+    agents = getattr(world, "agents", None)
+    if not agents or not hasattr(agents[0], "state"):
+        return None
+    by_name = {a.name: np.asarray(a.state.p_pos, np.float64) for a in agents}
+    dim = len(next(iter(by_name.values())))
+    return np.stack([by_name.get(a, np.full(dim, np.nan)) for a in env.possible_agents])
+
+
+class ParallelEnvAdapter(MultiAgentEnv):
+    """A PettingZoo ParallelEnv as a `MultiAgentEnv` (rules in the module docstring)."""
+
+    def __init__(self, env: Any, comm_fn: Callable[[Any, np.ndarray], np.ndarray] | None = None,
+                 comm_k: int | None = None):
+        self.env = env
+        self.agent_ids = list(env.possible_agents)
+        self.num_agents = len(self.agent_ids)
+        self.comm_fn = comm_fn
+        self.comm_k = comm_k
+        self._own_comm = callable(getattr(env, "comm_mask", None))
+        if comm_fn is None and not self._own_comm and comm_k is not None and env_positions(env) is None:
+            raise EnvError(f"comm_k={comm_k} needs agent positions, and {env} exposes none")
+        self._setup_spaces()
+        self._live = np.zeros(self.num_agents, bool)
+        self._returns = np.zeros(self.num_agents, np.float64)
+        self._over = True
+
+    def _setup_spaces(self) -> None:
+        obs_spaces = [self.env.observation_space(a) for a in self.agent_ids]
+        act_spaces = [self.env.action_space(a) for a in self.agent_ids]
+        if not all(isinstance(s, spaces.Box) for s in obs_spaces):
+            raise EnvError(f"observation spaces must be Box, got {sorted({type(s).__name__ for s in obs_spaces})}")
+        if not all(isinstance(s, spaces.Discrete) for s in act_spaces) or len({int(s.n) for s in act_spaces}) != 1:
+            raise EnvError(f"action spaces must be Discrete of one size, got {act_spaces[:3]}...")
+        self._starts = [int(s.start) for s in act_spaces]
+        self.action_space = spaces.Discrete(int(act_spaces[0].n))
+        shapes = {s.shape for s in obs_spaces}
+        self._flatten = len(shapes) > 1  # differing shapes: flatten and zero-pad to the largest
+        if not self._flatten:
+            s = obs_spaces[0]
+            low, high = s.low.astype(np.float32), s.high.astype(np.float32)
+        else:
+            size = max(int(np.prod(s.shape)) for s in obs_spaces)
+            low, high = np.zeros(size, np.float32), np.zeros(size, np.float32)
+            for s in obs_spaces:
+                m = int(np.prod(s.shape))
+                low[:m] = np.minimum(low[:m], s.low.ravel())
+                high[:m] = np.maximum(high[:m], s.high.ravel())
+        self.observation_space = spaces.Box(low, high, dtype=np.float32)
+
+    def _obs_array(self, obs: dict) -> np.ndarray:
+        out = np.zeros((self.num_agents,) + self.observation_space.shape, np.float32)
+        for i, a in enumerate(self.agent_ids):
+            if self._live[i] and a in obs:
+                o = np.asarray(obs[a], np.float32)
+                if self._flatten:
+                    out[i, :o.size] = o.ravel()
+                else:
+                    out[i] = o
+        return out
+
+    def comm_mask(self) -> np.ndarray:
+        active = self._live
+        if self.comm_fn is not None:
+            mask = np.asarray(self.comm_fn(self.env, active), bool)
+        elif self._own_comm:
+            mask = np.asarray(self.env.comm_mask(), bool)
+        elif self.comm_k is not None:
+            pos = env_positions(self.env)
+            known = active & ~np.isnan(pos).any(axis=1)
+            mask = comm_mask_from_positions(np.nan_to_num(pos), known, self.comm_k)
+        else:
+            mask = np.ones((self.num_agents, self.num_agents), bool)
+        mask = mask & active[:, None] & active[None, :]
+        np.fill_diagonal(mask, False)
+        return mask
+
+    def reset(self, seed: int | None = None) -> MAStep:
+        obs, _ = self.env.reset(seed=seed)
+        live = set(self.env.agents)
+        self._live = np.array([a in live for a in self.agent_ids])
+        self._returns[:] = 0.0
+        self._over = False
+        return MAStep(self._obs_array(obs), np.zeros(self.num_agents, np.float32), False, False,
+                      self._live.copy(), self.comm_mask(), {})
+
+    def step(self, actions: np.ndarray) -> MAStep:
+        if self._over:
+            raise RuntimeError("step() after the episode ended: call reset()")
+        actions = np.asarray(actions).reshape(self.num_agents)
+        before = self._live
+        live_now = set(self.env.agents)
+        acts = {a: int(actions[i]) + self._starts[i] for i, a in enumerate(self.agent_ids) if a in live_now}
+        obs, rew, term, trunc, infos = self.env.step(acts)
+        rewards = np.array([float(rew.get(a, 0.0)) for a in self.agent_ids], np.float32) * before
+        terms = np.array([bool(term.get(a, False)) for a in self.agent_ids])
+        truncs = np.array([bool(trunc.get(a, False)) for a in self.agent_ids])
+        listed = set(self.env.agents)
+        live = np.array([a in listed for a in self.agent_ids]) & ~terms & ~truncs
+        self._over = not live.any()
+        if self._over:
+            live = before & ~terms  # agents cut by the end keep their final observation
+        self._live = live
+        self._returns += rewards
+        truncated = self._over and bool(live.any())
+        info = self._episode_info(infos) if self._over else {}
+        return MAStep(self._obs_array(obs), rewards, self._over and not truncated, truncated,
+                      live.copy(), self.comm_mask(), info)
+
+    def _episode_info(self, infos: dict) -> dict:
+        info: dict[str, float] = {}
+        for a in self.agent_ids:
+            ep = infos.get(a, {}).get("episode") if isinstance(infos.get(a), dict) else None
+            if isinstance(ep, dict):
+                info.update({k: float(v) for k, v in ep.items() if isinstance(v, (int, float, np.number))})
+                break
+        info["return_mean"] = float(self._returns.mean())
+        return info
+
+    def close(self) -> None:
+        self.env.close()
+
+
+class ParallelView(ParallelEnv):
+    """Any `MultiAgentEnv` behind the PettingZoo Parallel API, agents "agent_0".. in index order.
+
+    An agent that becomes inactive is terminated and leaves `agents`; at the episode's end every
+    remaining agent is terminated or truncated as the episode is. Missing actions are 0. The
+    episode metrics are in each agent's final `infos[agent]["episode"]`. Reset options are passed
+    to the env's `reset_to(**options)` if it has one (the MAPF gridworld: a given map).
+    """
+
+    def __init__(self, env: MultiAgentEnv, name: str = "distrl_multiagent"):
+        self.env = env
+        self.metadata = {"name": name, "render_modes": [], "is_parallelizable": True}
+        self.possible_agents = [f"agent_{i}" for i in range(env.num_agents)]
+        self.agents: list[str] = []
+        self.observation_spaces = {a: spaces.Box(env.observation_space.low, env.observation_space.high,
+                                                 dtype=np.float32) for a in self.possible_agents}
+        self.action_spaces = {a: spaces.Discrete(int(env.action_space.n)) for a in self.possible_agents}
+        self._last: MAStep | None = None
+
+    def observation_space(self, agent):
+        return self.observation_spaces[agent]
+
+    def action_space(self, agent):
+        return self.action_spaces[agent]
+
+    def reset(self, seed=None, options=None):
+        reset_to = getattr(self.env, "reset_to", None)
+        st = self.env.reset_to(**options) if options and _accepts(reset_to, options) else self.env.reset(seed)
+        self._last = st
+        self.agents = [a for a, act in zip(self.possible_agents, st.active) if act]
+        return {a: st.obs[int(a[6:])] for a in self.agents}, {a: {} for a in self.agents}
+
+    def step(self, actions):
+        live, ids = self.agents, [int(a[6:]) for a in self.agents]
+        arr = np.zeros(self.env.num_agents, np.int64)
+        for a, act in actions.items():
+            arr[int(a[6:])] = act
+        st = self._last = self.env.step(arr)
+        over = st.terminated or st.truncated
+        term = {a: bool(st.terminated or not st.active[i]) for a, i in zip(live, ids)}
+        trunc = {a: bool(st.truncated) and not term[a] for a in live}
+        obs = {a: st.obs[i] for a, i in zip(live, ids)}
+        rew = {a: float(st.rewards[i]) for a, i in zip(live, ids)}
+        infos = {a: ({"episode": st.info} if over else {}) for a in live}
+        self.agents = [] if over else [a for a, i in zip(live, ids) if st.active[i]]
+        return obs, rew, term, trunc, infos
+
+    def comm_mask(self) -> np.ndarray:
+        """The mask of the last reset or step."""
+        return self._last.comm_mask
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def _accepts(fn: Any, kwargs: dict) -> bool:
+    """`fn` can be called with `kwargs` (options meant for someone else are ignored: pettingzoo's API
+    test passes some)."""
+    try:
+        inspect.signature(fn).bind(**kwargs)
+        return callable(fn)
+    except (TypeError, ValueError):
+        return False
+
+
+def _is_parallel_env(obj: Any) -> bool:
+    return all(hasattr(obj, name) for name in ("possible_agents", "reset", "step", "observation_space"))
+
+
+def _resolve(env_id: str) -> Any:
+    """The class, module or callable `env_id` names, or EnvError naming `env.id`."""
+    if ":" not in env_id:
+        raise EnvError(f"config key 'env.id': {env_id!r} must look like module:Name "
+                       "(e.g. distrl.envs.mapf:MAPF or mpe2:simple_spread_v3)")
+    mod, name = import_module_of(env_id)
+    module = mod.__name__
+    obj = getattr(mod, name, None)
+    if obj is None:
+        try:  # a submodule not imported by its package (mpe2:simple_spread_v3)
+            obj = importlib.import_module(f"{module}.{name}")
+        except ImportError:
+            raise EnvError(f"config key 'env.id': {module!r} has no {name!r}") from None
+    return obj
+
+
+def make_multiagent_env(env_id: str, kwargs: dict[str, Any] | None = None, comm_k: int | None = None) -> MultiAgentEnv:
+    """Build `env_id`: a `MultiAgentEnv` class, a module exposing `parallel_env(**kwargs)`, or a
+    callable returning a ParallelEnv or a MultiAgentEnv. `comm_k` is passed to the adapter."""
+    obj = _resolve(env_id)
+    if inspect.ismodule(obj):
+        if not callable(getattr(obj, "parallel_env", None)):
+            raise EnvError(f"config key 'env.id': module {obj.__name__!r} has no parallel_env(**kwargs)")
+        obj = obj.parallel_env
+    if not callable(obj):
+        raise EnvError(f"config key 'env.id': {env_id!r} is not a class, module or callable")
+    try:
+        env = obj(**(kwargs or {}))
+    except (TypeError, ValueError) as e:
+        raise EnvError(f"config key 'env.kwargs': {env_id} rejected them: {e}") from None
+    if isinstance(env, MultiAgentEnv):
+        return env
+    if not _is_parallel_env(env):
+        raise EnvError(f"config key 'env.id': {env_id!r} built a {type(env).__name__}, "
+                       "neither a MultiAgentEnv nor a PettingZoo ParallelEnv")
+    try:
+        return ParallelEnvAdapter(env, comm_k=comm_k)
+    except EnvError as e:
+        raise EnvError(f"config key 'env.id': {env_id}: {e}") from None
