@@ -48,7 +48,8 @@ def policy_class(name: str):
 def make_policy(cfg, spec, worker_index: int, num_workers: int):
     """The policy of `cfg.algo` for worker `worker_index` (-1: the evaluator), from its config section."""
     seed = cfg.seed + 1000 + worker_index  # the evaluator and each worker differ
-    return policy_class(cfg.algo)(spec, getattr(cfg, cfg.algo), worker_index, num_workers, seed)
+    extra = {"sequence": cfg.sequence} if data_path(cfg.algo) == "sequence" else {}  # how to cut sequences
+    return policy_class(cfg.algo)(spec, getattr(cfg, cfg.algo), worker_index, num_workers, seed, **extra)
 
 
 def data_path(name: str) -> str:

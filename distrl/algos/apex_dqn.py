@@ -8,7 +8,6 @@ importance-weighted Huber loss and returns fresh priorities. The acting half
 """
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import numpy as np
@@ -16,8 +15,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from distrl.algos.common import ReplayAlgorithm, adam, as_tensors, mlp, to_numpy_weights
-from distrl.core import Batch, EnvSpec, Learner, Weights
+from distrl.algos.common import ReplayAlgorithm, TargetNetworkState, adam, as_tensors, mlp
+from distrl.core import Batch, EnvSpec, Learner
 
 
 class QNetwork(nn.Module):
@@ -41,7 +40,7 @@ def _build_q(spec: EnvSpec, cfg) -> QNetwork:
     return QNetwork(obs_dim, int(spec.action_space.n), list(cfg.hidden), cfg.dueling)
 
 
-class DQNLearner(Learner):
+class DQNLearner(TargetNetworkState, Learner):
     def __init__(self, spec: EnvSpec, cfg, device: str):
         self.cfg, self.device = cfg, device
         self.q = _build_q(spec, cfg).to(device)
@@ -70,34 +69,13 @@ class DQNLearner(Learner):
         weights = t.get("weights")
         elementwise = F.huber_loss(q_taken, target, reduction="none")
         loss = (elementwise * weights).mean() if weights is not None else elementwise.mean()
-        self.opt.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = (nn.utils.clip_grad_norm_(self.q.parameters(), self.cfg.grad_clip, foreach=True)
-                     if self.cfg.grad_clip else torch.zeros(()))
-        self.opt.step()
-        self.updates += 1
-        if self.updates % self.cfg.target_update_interval == 0:
-            self.target.load_state_dict(self.q.state_dict())
+        grad_norm = self.optimize(loss)
         return {
             "loss": loss.item(),
             "q_mean": q_taken.detach().mean().item(),
             "grad_norm": float(grad_norm),
             "priorities": td.detach().abs().cpu().numpy(),
         }
-
-    def get_weights(self) -> Weights:
-        return to_numpy_weights(self.q)
-
-    def state_dict(self) -> dict[str, Any]:
-        # Deep copy: torch hands out live tensors, which a checkpoint must not alias.
-        return copy.deepcopy({"q": self.q.state_dict(), "target": self.target.state_dict(),
-                              "opt": self.opt.state_dict(), "updates": self.updates})
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.q.load_state_dict(state["q"])
-        self.target.load_state_dict(state["target"])
-        self.opt.load_state_dict(state["opt"])
-        self.updates = int(state["updates"])
 
 
 class ApexDQN(ReplayAlgorithm):

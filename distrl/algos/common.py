@@ -5,6 +5,7 @@ helpers in processes that never load torch. The torch helpers import it when cal
 """
 from __future__ import annotations
 
+import copy
 import math
 import warnings
 from typing import TYPE_CHECKING
@@ -72,6 +73,39 @@ class ReplayAlgorithm(Algorithm):
 
         torch.manual_seed(self.cfg.seed)
         return self.learner_cls(self.spec, getattr(self.cfg, self.name), device)
+
+
+class TargetNetworkState:
+    """The step, weights, checkpoint state and restore of a Q-learner holding `q`, `target`, `opt`, `updates`
+    and a config with `grad_clip` and `target_update_interval`."""
+
+    def optimize(self, loss) -> float:
+        """One optimizer step on `loss` with grad-norm clipping, then the periodic hard target copy; the grad norm."""
+        import torch
+
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        clip = self.cfg.grad_clip
+        norm = torch.nn.utils.clip_grad_norm_(self.q.parameters(), clip, foreach=True) if clip else torch.zeros(())
+        self.opt.step()
+        self.updates += 1
+        if self.updates % self.cfg.target_update_interval == 0:
+            self.target.load_state_dict(self.q.state_dict())
+        return float(norm)
+
+    def get_weights(self) -> Weights:
+        return to_numpy_weights(self.q)
+
+    def state_dict(self) -> dict:
+        # Deep copy: torch hands out live tensors, which a checkpoint must not alias.
+        return copy.deepcopy({"q": self.q.state_dict(), "target": self.target.state_dict(),
+                              "opt": self.opt.state_dict(), "updates": self.updates})
+
+    def load_state_dict(self, state: dict) -> None:
+        self.q.load_state_dict(state["q"])
+        self.target.load_state_dict(state["target"])
+        self.opt.load_state_dict(state["opt"])
+        self.updates = int(state["updates"])
 
 
 def mlp(sizes: list[int], activation=None, last_activation: bool = True) -> nn.Sequential:

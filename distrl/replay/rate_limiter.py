@@ -9,8 +9,10 @@ sequences): with r samples per insert, min_size and error buffer e,
 
 So the learner never runs more than e samples ahead of the ratio (it blocks),
 and the workers never run more than e samples ahead of the learner (they block).
-Neither side can block forever while the other can move, provided
-2e >= r * (items in one insert) + (items in one sample) (`deadlock_free`).
+Workers insert a fragment's items at once, so the driver lets them sample while one
+more item fits; the overshoot is at most one gather. Neither side can then block
+forever while the other can move, provided 2e >= r + (items in one sample)
+(`deadlock_free`).
 """
 from __future__ import annotations
 
@@ -53,6 +55,6 @@ class RateLimiter:
         return self.samples / past if past > 0 else None
 
     @staticmethod
-    def deadlock_free(samples_per_insert: float, error_buffer: float, insert_items: int, sample_items: int) -> bool:
+    def deadlock_free(samples_per_insert: float, error_buffer: float, sample_items: int) -> bool:
         """Whether one side can always move while the other is blocked (see the module docstring)."""
-        return 2 * error_buffer >= samples_per_insert * insert_items + sample_items
+        return 2 * error_buffer >= samples_per_insert + sample_items

@@ -14,18 +14,28 @@ from distrl.registry import data_path
 from distrl.replay.buffer import GENERATION_KEY, ReplayBuffer
 from distrl.replay.fifo import FragmentQueue
 from distrl.replay.rate_limiter import RateLimiter
+from distrl.replay.sequence_replay import SequenceReplay
 
-Store = ReplayBuffer | FragmentQueue
+Store = ReplayBuffer | SequenceReplay | FragmentQueue
 
 Block = tuple[dict[str, np.ndarray], np.ndarray | None, np.ndarray | None]
 """(batches with a leading K axis, replay indices or None, importance weights or None)."""
 
 
+def sequence_length(cfg) -> int:
+    """Steps of a stored sequence: burn-in, trained steps, then n-step bootstrap steps."""
+    seq = cfg.sequence
+    return seq.burn_in + seq.length + getattr(cfg, cfg.algo).n_step
+
+
 def make_store(cfg) -> Store:
-    if data_path(cfg.algo) != "replay":
-        return FragmentQueue(cfg.queue.capacity)
-    r = cfg.replay
-    return ReplayBuffer(r.capacity, r.prioritized, r.alpha, r.beta0, r.beta_steps, seed=cfg.seed)
+    r, path = cfg.replay, data_path(cfg.algo)
+    if path == "replay":
+        return ReplayBuffer(r.capacity, r.prioritized, r.alpha, r.beta0, r.beta_steps, seed=cfg.seed)
+    if path == "sequence":
+        return SequenceReplay(r.capacity, sequence_length(cfg), r.prioritized, r.alpha, r.beta0, r.beta_steps,
+                              seed=cfg.seed)
+    return FragmentQueue(cfg.queue.capacity)
 
 
 def items_per_gather(cfg) -> int:

@@ -11,7 +11,7 @@ from distrl.config import Config
 from distrl.core import Gathered, Roles, TrainStats, add_to_sums
 from distrl.observe import MetricsLogger
 from distrl.registry import on_policy
-from distrl.replay.store import fragments_per_update, items_per_gather, make_rate_limiter
+from distrl.replay.store import fragments_per_update, make_rate_limiter
 from distrl.runtime.counters import Counters
 from distrl.runtime.snapshot import save_checkpoint
 
@@ -36,7 +36,6 @@ class Driver:
         self.learner_starved = False
         self.last_eval_steps = self.c.env_steps
         self.last_log = self.last_log_steps = self.last_log_updates = None
-        self.insert_estimate = items_per_gather(cfg)  # items the next gather may add
         self.held = {"workers": False, "learner": False}  # which side the last loop pass held back
         self.blocked_at_log = (self.c.workers_blocked_s, self.c.learner_blocked_s)
         self.last_tick = time.time()
@@ -54,8 +53,10 @@ class Driver:
         """Workers are held back while the learner is behind (the rate limiter, or a full FIFO)."""
         if self.on_policy:
             return self.c.fragments - self.c.consumed * self.fpu < self.cfg.queue.capacity
+        # Room for one more item is enough: a gather then overshoots by at most its own size, and asking
+        # for room for a whole burst of items could exceed what the buffer ever frees (a deadlock).
         limiter = make_rate_limiter(self.cfg, self.c.inserts, self.c.samples)
-        return self.learner_starved or limiter.can_insert(self.insert_estimate)
+        return self.learner_starved or limiter.can_insert(1)
 
     def _tick(self, workers_held: bool, learner_held: bool) -> None:
         """Charge the time since the last pass to whichever side was held back during it."""
@@ -89,10 +90,7 @@ class Driver:
     def _count_fragments(self, gathered: Gathered) -> None:
         self.c.fragments_dropped += gathered.failed
         self.c.worker_restarts = self.roles.restarts().workers
-        if gathered.infos:
-            items = sum(info.items for info in gathered.infos)
-            self.c.inserts += items
-            self.insert_estimate = max(self.insert_estimate, items)
+        self.c.inserts += sum(info.items for info in gathered.infos)
         for info in gathered.infos:
             self.c.env_errors += info.env_errors
             self.c.env_steps += info.env_steps

@@ -1,0 +1,279 @@
+"""R2D2's acting half and the sequence maths both halves share; numpy only, no torch.
+
+R2D2 (Kapturowski et al., 2019) is Ape-X DQN with a recurrent Q-network trained on stored
+sequences. A worker acts with the network in numpy, one recurrent state per env (reset when
+the env's episode ends), and hands every step's state *before* the step to the
+`SequenceAdder`, which cuts each episode into overlapping sequences of
+`burn_in + length + n_step` steps (see `distrl.replay.sequences` and `SequenceConfig`):
+
+    [ burn-in: unrolled without gradient | length: trained steps | n_step: bootstrap only ]
+
+The stored state of a sequence is the worker's state before its first real step, so the
+learner (`distrl.algos.r2d2`) starts from it, lets the burn-in steps refresh it under its
+current weights, and trains on the `length` steps after them.
+
+Network: MLP torso (ReLU) -> LSTM or GRU core -> (dueling) Q head, computed here with the
+equations and gate order of torch's nn.LSTM (i, f, g, o) and nn.GRU (r, z, n).
+
+State layout, everywhere (policy extras, stored items, learner batches): float32
+(..., S, core_size) with S = 2 for an LSTM ([0] = h, [1] = c) and S = 1 for a GRU ([0] = h).
+
+Targets (shared with the learner through `nstep_targets`, `rescale` and `unrescale`):
+y_t = h(sum_{j<k} gamma^j (prod_{i<j} d_{t+i}) r_{t+j} + gamma^k (prod_{i<k} d_{t+i}) h^-1(V_{t+k})),
+k <= n the real steps counted from t, with h(x) = sign(x)(sqrt(|x| + 1) - 1) + eps x.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from distrl.algos.apex_dqn_acting import worker_epsilon
+from distrl.algos.common import numpy_linear, numpy_mlp, numpy_relu, numpy_sequential
+from distrl.config.sections import SequenceConfig
+from distrl.core import Batch, EnvSpec, Policy, Trajectory, Weights
+from distrl.replay.sequences import SequenceAdder, chunks_per_item
+
+# ---------------------------------------------------------------- shared sequence maths
+# Written with arithmetic and slicing only, so the same code runs on numpy arrays (worker
+# priorities) and torch tensors (learner targets): the two halves cannot disagree.
+
+
+def rescale(x, eps: float):
+    """h(x) = sign(x)(sqrt(|x| + 1) - 1) + eps x, as x / (sqrt(|x| + 1) + 1) + eps x (no cancellation near 0)."""
+    return x / ((abs(x) + 1.0) ** 0.5 + 1.0) + eps * x
+
+
+def unrescale(y, eps: float):
+    """The exact inverse of `rescale`: sign(y)(((sqrt(1 + 4 eps (|y| + 1 + eps)) - 1) / (2 eps))^2 - 1).
+
+    Rearranged so that neither eps -> 0 nor y -> 0 subtracts nearly equal numbers:
+    with s = sqrt(1 + 4 eps (|y| + 1 + eps)) and u = 2 (|y| + 1 + eps) / (s + 1) (the bracket),
+    u^2 - 1 = |y| (2 - 4 eps / (1 + 2 eps + s)) (u + 1) / (s + 1).
+    """
+    a = abs(y)
+    s = (1.0 + 4.0 * eps * (a + 1.0 + eps)) ** 0.5
+    u = 2.0 * (a + 1.0 + eps) / (s + 1.0)
+    return y * (2.0 - 4.0 * eps / (1.0 + 2.0 * eps + s)) * (u + 1.0) / (s + 1.0)
+
+
+def nstep_targets(values, rewards, discount, mask, valid, gamma: float, n_step: int, start: int, length: int):
+    """Unrescaled n-step returns (length, B) of steps t = start .. start + length - 1.
+
+    All inputs are time-major (T, B) with T >= start + length + n_step; `values` are the
+    bootstrap values V_t (already through h^-1). Rewards are summed while steps are real
+    (`mask`); the return bootstraps from step t + k, k <= n_step the real steps counted,
+    weighted by gamma^k and the discounts (0 after a termination) and by `valid[t + k]`
+    (padding never bootstraps).
+    """
+    def at(x, j):  # x at times t + j for every trained t
+        return x[start + j:start + j + length]
+
+    live = at(mask, 0) * 0.0 + 1.0  # steps t .. t + j - 1 all real
+    scale = live                     # gamma^j prod_{i<j} d_{t+i}
+    ret = live * 0.0
+    boot = live * 0.0
+    for j in range(n_step):
+        live = live * at(mask, j)
+        ret = ret + scale * live * at(rewards, j)
+        scale = scale * gamma * at(discount, j)
+        # The count stops at k = j + 1 when the next step is not real, or when n steps are counted.
+        stops = live * (1.0 - at(mask, j + 1)) if j + 1 < n_step else live
+        boot = boot + stops * scale * at(valid, j + 1) * at(values, j + 1)
+    return ret + boot
+
+
+def sequence_priorities(abs_td: np.ndarray, mask: np.ndarray, eta: float) -> np.ndarray:
+    """(B,) eta * max|td| + (1 - eta) * mean|td| over each item's trained real steps ((length, B) inputs)."""
+    abs_td = np.asarray(abs_td, np.float64) * mask
+    count = np.maximum(mask.sum(axis=0), 1.0)
+    return eta * abs_td.max(axis=0) + (1.0 - eta) * abs_td.sum(axis=0) / count
+
+
+def state_shape(cfg) -> tuple[int, int]:
+    """(S, core_size): the recurrent state of one env (S = 2 for LSTM h and c, 1 for GRU h)."""
+    return (2 if cfg.core == "lstm" else 1, int(cfg.core_size))
+
+
+# ---------------------------------------------------------------- the network in numpy
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.tanh(0.5 * x))  # no overflow for large |x|, unlike 1 / (1 + exp(-x))
+
+
+class NumpyR2D2Net:
+    """The torch `R2D2Network` (torso, nn.LSTM/nn.GRU core, head) from its state_dict, one step at a time."""
+
+    def __init__(self, weights: Weights, core: str):
+        self.core = core
+        self.torso = numpy_sequential(weights, "torso")
+        self.w_ih = np.ascontiguousarray(np.asarray(weights["core.weight_ih_l0"], np.float32).T)
+        self.w_hh = np.ascontiguousarray(np.asarray(weights["core.weight_hh_l0"], np.float32).T)
+        self.b_ih = np.asarray(weights["core.bias_ih_l0"], np.float32)
+        self.b_hh = np.asarray(weights["core.bias_hh_l0"], np.float32)
+        self.adv = numpy_linear(weights, "advantage")
+        self.value = numpy_linear(weights, "value") if "value.weight" in weights else None
+
+    def step(self, obs: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(Q (E, A), next state (E, S, C)) from observations (E, D) and states (E, S, C)."""
+        x = numpy_mlp(self.torso, np.asarray(obs, np.float32), numpy_relu)
+        h = state[:, 0]
+        gx = x @ self.w_ih + self.b_ih
+        gh = h @ self.w_hh + self.b_hh
+        if self.core == "lstm":
+            i, f, g, o = np.split(gx + gh, 4, axis=1)
+            c = _sigmoid(f) * state[:, 1] + _sigmoid(i) * np.tanh(g)
+            h = _sigmoid(o) * np.tanh(c)
+            new_state = np.stack([h, c], axis=1)
+        else:
+            xr, xz, xn = np.split(gx, 3, axis=1)
+            hr, hz, hn = np.split(gh, 3, axis=1)
+            r, z = _sigmoid(xr + hr), _sigmoid(xz + hz)
+            n = np.tanh(xn + r * hn)  # the reset gate scales the recurrent term with its bias, as torch does
+            h = (1.0 - z) * n + z * h
+            new_state = h[:, None]
+        return self.head(h), new_state.astype(np.float32, copy=False)
+
+    def head(self, h: np.ndarray) -> np.ndarray:
+        adv = h @ self.adv[0] + self.adv[1]
+        if self.value is None:
+            return adv
+        return (h @ self.value[0] + self.value[1]) + adv - adv.mean(axis=1, keepdims=True)
+
+
+# ---------------------------------------------------------------- the policy
+
+
+class R2D2Policy(Policy):
+    """Epsilon-greedy recurrent acting (Ape-X per-worker epsilons; the evaluator, index -1, is greedy).
+
+    `sequence` is the run's `SequenceConfig` (`registry.make_policy` passes it); the learner checks
+    that the sequences it receives have the length it expects.
+    """
+
+    def __init__(self, spec: EnvSpec, cfg, worker_index: int, num_workers: int, seed: int,
+                 sequence: SequenceConfig | None = None):
+        self.cfg = cfg
+        self.seq = sequence or SequenceConfig()
+        self.num_actions = int(spec.action_space.n)
+        self.worker_index, self.num_workers = worker_index, num_workers
+        self.seed = seed
+        self.rng = np.random.default_rng(seed)
+        self.env_steps = 0
+        self.state_shape = state_shape(cfg)
+        self._net: NumpyR2D2Net | None = None
+        self._state: np.ndarray | None = None  # (E, S, C), built at the first act
+        self._adder = None                      # SequenceAdder, built at the first postprocess
+        self._stepped = False                   # an act since the last episodes_ended
+
+    @property
+    def epsilon(self) -> float:
+        return worker_epsilon(self.cfg, self.worker_index, self.num_workers, self.env_steps)
+
+    @property
+    def sequence_length(self) -> int:
+        return self.seq.burn_in + self.seq.length + self.cfg.n_step
+
+    def set_weights(self, weights: Weights, version: int) -> None:
+        self._net = NumpyR2D2Net(weights, self.cfg.core)
+        self.version = version
+
+    def observe_steps(self, env_steps: int) -> None:
+        self.env_steps = env_steps
+
+    def _zero_state(self, num_envs: int) -> np.ndarray:
+        return np.zeros((num_envs, *self.state_shape), np.float32)
+
+    def act(self, obs: np.ndarray, explore: bool):
+        if self._net is None:
+            raise RuntimeError("R2D2Policy has no weights yet: call set_weights first")
+        obs = np.asarray(obs, np.float32)
+        if self._state is None or len(self._state) != len(obs):
+            self._state = self._zero_state(len(obs))
+        before = self._state  # never written in place after this: `step` returns a new array
+        q, self._state = self._net.step(obs, before)
+        actions = q.argmax(axis=1)
+        if explore:
+            random = self.rng.random(len(obs)) < self.epsilon
+            actions = np.where(random, self.rng.integers(0, self.num_actions, len(obs)), actions)
+        self._stepped = True
+        return actions, {"q": q.astype(np.float32, copy=False), "state": before}
+
+    def episodes_ended(self, done: np.ndarray) -> None:
+        done = np.asarray(done, bool)
+        if not self._stepped and self._adder is not None and done.any():
+            # Envs reset outside a step (a worker restoring its state): the adder's open episodes
+            # would run on into the new ones, so abandon them.
+            self._adder.reset()
+        self._stepped = False
+        if self._state is None or len(self._state) != len(done):
+            self._state = self._zero_state(len(done))
+        else:
+            self._state[done] = 0.0
+
+    def _make_adder(self, num_envs: int) -> SequenceAdder:
+        return SequenceAdder(num_envs, self.sequence_length, self.seq.period, self.seq.burn_in,
+                             self.seq.chunk_length, self.seed)
+
+    def postprocess(self, traj: Trajectory) -> tuple[Batch, np.ndarray]:
+        """The adder's message for the items that completed, and their initial priorities (N,)."""
+        if self._adder is None:
+            self._adder = self._make_adder(traj.obs.shape[1])
+        q = traj.extras["q"]
+        aux = {"q_taken": np.take_along_axis(q, traj.actions[..., None].astype(np.int64), axis=-1)[..., 0],
+               "v": q.max(axis=-1), "v_final": self._final_values(traj)}
+        steps = {"obs": traj.obs.astype(np.float32, copy=False), "actions": traj.actions,
+                 "rewards": traj.rewards.astype(np.float32, copy=False)}
+        out = self._adder.add(steps, {"obs": traj.next_obs.astype(np.float32, copy=False)},
+                              traj.terminated, traj.truncated, traj.extras["state"], self.version, aux)
+        if out is None:
+            return self._empty_message(traj), np.zeros(0, np.float32)
+        message, emitted = out
+        return message, self._priorities(emitted)
+
+    def _final_values(self, traj: Trajectory) -> np.ndarray:
+        """(T, E) max_a Q(s_T) after each truncated (not terminated) episode's last step, else 0.
+
+        A truncated episode's last targets bootstrap from its pseudo-step, which the policy never
+        acted on: replay its last step from the stored state to get the state after it.
+        """
+        out = np.zeros(traj.rewards.shape, np.float32)
+        ts, es = np.nonzero(traj.truncated & ~traj.terminated)
+        if len(ts):
+            _, after = self._net.step(traj.obs[ts, es], traj.extras["state"][ts, es])
+            q_final, _ = self._net.step(traj.next_obs[ts, es], after)
+            out[ts, es] = q_final.max(axis=1)
+        return out
+
+    def _priorities(self, emitted: dict[str, np.ndarray]) -> np.ndarray:
+        """Ape-X initial priorities: the learner's TD errors with this worker's Q-values as both networks."""
+        cfg, b, n = self.cfg, self.seq.burn_in, self.seq.length
+        mask, valid = emitted["mask"], emitted["valid"]
+        # Bootstrap values: real steps have their own Q; a pseudo-step takes v_final of the step before it.
+        final = np.zeros_like(emitted["v_final"])
+        final[1:] = emitted["v_final"][:-1]
+        values = emitted["v"] * mask + final * (1.0 - mask)
+        if cfg.value_rescaling:
+            values = unrescale(values, cfg.rescale_eps)
+        target = nstep_targets(values, emitted["rewards"], emitted["discount"], mask, valid,
+                               cfg.gamma, cfg.n_step, b, n)
+        if cfg.value_rescaling:
+            target = rescale(target, cfg.rescale_eps)
+        td = emitted["q_taken"][b:b + n] - target
+        return sequence_priorities(np.abs(td), mask[b:b + n], cfg.priority_eta).astype(np.float32)
+
+    def _empty_message(self, traj: Trajectory) -> Batch:
+        """The message of no items: every key of the spec's message, zero rows, the right trailing shapes.
+
+        A store can then treat it like any other message (nothing to add) without special keys.
+        """
+        c = self.seq.chunk_length
+        per_step = {"obs": (traj.obs.shape[2:], np.float32), "actions": (traj.actions.shape[2:], traj.actions.dtype),
+                    "rewards": ((), np.float32), "discount": ((), np.float32), "mask": ((), np.float32)}
+        msg = {f"chunk/{k}": np.zeros((0, c, *shape), dtype) for k, (shape, dtype) in per_step.items()}
+        msg.update({"chunk/key": np.zeros(0, np.int64), "chunk/length": np.zeros(0, np.int32),
+                    "item/chunks": np.zeros((0, chunks_per_item(self.sequence_length, c)), np.int64),
+                    "item/offset": np.zeros(0, np.int32), "item/pad_left": np.zeros(0, np.int32),
+                    "item/length": np.zeros(0, np.int32), "item/first": np.zeros(0, bool),
+                    "item/state": np.zeros((0, *self.state_shape), np.float32),
+                    "version": np.zeros(0, np.int32)})
+        return msg
