@@ -21,12 +21,15 @@ class Entry(NamedTuple):
     worker-computed gradients, applied in arrival order)."""
     policy: str
     """"module:Class" of the acting half."""
+    multi_agent: bool = False
+    """Acts for every agent of a `distrl.envs.multiagent.MultiAgentEnv` at once."""
 
 
 ALGOS: dict[str, Entry] = {
     "apex_dqn": Entry("distrl.algos.apex_dqn", "replay", "distrl.algos.apex_dqn_acting:DQNPolicy"),
     "sac": Entry("distrl.algos.sac", "replay", "distrl.algos.sac_acting:SACPolicy"),
     "r2d2": Entry("distrl.algos.r2d2", "sequence", "distrl.algos.r2d2_acting:R2D2Policy"),
+    "dhc": Entry("distrl.algos.dhc", "sequence", "distrl.algos.dhc_acting:DHCPolicy", multi_agent=True),
     "a2c": Entry("distrl.algos.a2c", "trajectory", "distrl.algos.actor_critic_acting:ActorCriticPolicy"),
     "a3c": Entry("distrl.algos.a3c", "gradients", "distrl.algos.a3c:A3CPolicy"),  # computes gradients: torch
     "ppo": Entry("distrl.algos.ppo", "trajectory", "distrl.algos.actor_critic_acting:ActorCriticPolicy"),
@@ -55,6 +58,10 @@ def make_policy(cfg, spec, worker_index: int, num_workers: int):
 def data_path(name: str) -> str:
     """Where this algorithm's experience goes, known without importing torch."""
     return ALGOS[name].data_path
+
+
+def multi_agent(name: str) -> bool:
+    return ALGOS[name].multi_agent
 
 
 def on_policy(name: str) -> bool:

@@ -16,8 +16,8 @@ from typing import Any
 
 import yaml
 
-from distrl.config.algorithms import (A2CConfig, A3CConfig, ApexDQNConfig, ImpalaConfig, PPOConfig, R2D2Config,
-                                      SACConfig)
+from distrl.config.algorithms import (A2CConfig, A3CConfig, ApexDQNConfig, DHCConfig, ImpalaConfig, PPOConfig,
+                                      R2D2Config, SACConfig)
 from distrl.config.fields import MODES, ConfigError, f
 from distrl.config.sections import (AsyncConfig, CheckpointConfig, EnvConfig, EvalConfig, FaultConfig,
                                     LearnerConfig, LogConfig, QueueConfig, ReplayConfig, RolloutConfig,
@@ -50,6 +50,7 @@ class Config:
     apex_dqn: ApexDQNConfig = field(default_factory=ApexDQNConfig, metadata={"doc": "Ape-X DQN hyper-parameters"})
     sac: SACConfig = field(default_factory=SACConfig, metadata={"doc": "SAC hyper-parameters"})
     r2d2: R2D2Config = field(default_factory=R2D2Config, metadata={"doc": "R2D2 hyper-parameters"})
+    dhc: DHCConfig = field(default_factory=DHCConfig, metadata={"doc": "DHC (multi-agent, communicating) hyper-parameters"})
     a2c: A2CConfig = field(default_factory=A2CConfig, metadata={"doc": "A2C hyper-parameters"})
     a3c: A3CConfig = field(default_factory=A3CConfig, metadata={"doc": "A3C hyper-parameters"})
     ppo: PPOConfig = field(default_factory=PPOConfig, metadata={"doc": "PPO hyper-parameters"})

@@ -61,6 +61,28 @@ class R2D2Config:
 
 
 @dataclass
+class DHCConfig:
+    encoder: list = f([32, 32], "conv channels over a field-of-view observation (3x3 kernels), or MLP sizes for flat ones")
+    core_size: int = f(64, "GRU state size per agent", lo=1)
+    comm: bool = f(True, "exchange messages between agents (off: independent parameter-shared agents)")
+    comm_heads: int = f(2, "attention heads of the communication block", lo=1)
+    comm_rounds: int = f(1, "rounds of communication per step", lo=1)
+    dueling: bool = f(True, "dueling value/advantage head")
+    double: bool = f(True, "double-DQN target (online argmax, target value)")
+    n_step: int = f(3, "steps in the n-step return", lo=1)
+    gamma: float = f(0.99, "discount factor", lo=0.0, hi=1.0)
+    lr: float = f(1e-3, "Adam learning rate", lo=0.0, lo_open=True)
+    target_update_interval: int = f(200, "updates between target-network copies", lo=1)
+    grad_clip: float | None = f(10.0, "max global gradient norm (null = no clipping)", lo=0.0, lo_open=True)
+    priority_eta: float = f(0.9, "sequence priority: eta * max|td| + (1 - eta) * mean|td| over agents and steps", lo=0.0, hi=1.0)
+    eps: float = f(0.4, "Ape-X base epsilon: worker i uses eps^(1 + eps_alpha*i/(N-1))", lo=0.0, hi=1.0)
+    eps_alpha: float = f(7.0, "Ape-X epsilon spread exponent", lo=0.0)
+    eps_start: float = f(1.0, "single-worker epsilon at the start of its decay", lo=0.0, hi=1.0)
+    eps_end: float = f(0.02, "single-worker epsilon after the decay", lo=0.0, hi=1.0)
+    eps_decay_steps: int = f(20000, "worker env steps over which a single worker's epsilon decays", lo=1)
+
+
+@dataclass
 class ActorCriticConfig:
     """What A2C, A3C, PPO and IMPALA share; each has its own section with its own extra keys."""
 

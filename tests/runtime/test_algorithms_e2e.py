@@ -19,6 +19,8 @@ CASES = [  # (config, mode, extra overrides)
     ("a3c_cartpole", "async", ["a3c.max_staleness=0"]),
     ("sac_pendulum", "sync", ["replay.samples_per_insert=32"]),
     ("sac_pendulum", "async", ["replay.samples_per_insert=32"]),
+    ("r2d2_position_only_cartpole", "sync", ["replay.min_size=50"]),
+    ("r2d2_position_only_cartpole", "async", ["replay.min_size=50"]),
 ]
 
 
