@@ -70,6 +70,7 @@ class FragmentInfo:
     env_errors: int = 0
     pid: int = 0  # the worker's process id: a change means the worker was restarted
     items: int = 0  # items the fragment stores (transitions, sequences): what the rate limiter counts
+    fragment_id: int = 0  # unique per fragment: links its transfer to the replay server in traces
 
 
 @dataclass
@@ -257,6 +258,10 @@ class Roles(abc.ABC):
     @abc.abstractmethod
     def store_digest(self) -> str | None:
         """sha256 of the experience store's contents."""
+
+    def traces(self) -> list[dict]:
+        """What every process of the roles recorded (`distrl.observe.trace`), drained; [] when not tracing."""
+        return []
 
     @abc.abstractmethod
     def close(self) -> None:

@@ -9,6 +9,7 @@ import numpy as np
 from distrl.checkpoint import save_json, save_weights
 from distrl.core import Policy, Weights
 from distrl.envs import VectorEnv
+from distrl.observe.trace import tracer
 from distrl.roles.factory import acting_policy
 
 EVAL_SEED_OFFSET = 10_000
@@ -50,6 +51,10 @@ class Evaluation:
         self.evaluations = evaluations  # evaluation i plays seeds derived from i
 
     def evaluate(self, weights: Weights, version: int, env_steps: int = 0) -> dict:
+        with tracer().span("evaluate", "evaluation", version=version):
+            return self._evaluate(weights, version, env_steps)
+
+    def _evaluate(self, weights: Weights, version: int, env_steps: int) -> dict:
         self.policy.set_weights(weights, version)
         seed = self.cfg.seed + EVAL_SEED_OFFSET + self.evaluations * self.cfg.eval.episodes
         rets = play_greedy(self.policy, self.cfg.env.id, self.cfg.eval.episodes, seed, self.cfg.env.kwargs)

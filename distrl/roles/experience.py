@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from distrl.checkpoint import CheckpointError
+from distrl.observe.trace import tracer
 from distrl.replay.store import Block, digest, make_store, next_block
 
 
@@ -17,14 +18,18 @@ class ExperienceServer:
     def __len__(self) -> int:
         return len(self.store)
 
-    def add(self, data: dict[str, np.ndarray], priorities: np.ndarray | None) -> None:
-        self.store.add(data, priorities)
+    def add(self, data: dict[str, np.ndarray], priorities: np.ndarray | None, fragment_id: int = 0) -> None:
+        with tracer().span("replay_add", "replay"):
+            tracer().flow_in("fragment", fragment_id)
+            self.store.add(data, priorities)
 
     def next_block(self, max_updates: int) -> Block | None:
-        return next_block(self.store, self.cfg, max_updates)
+        with tracer().span("sample_batch", "replay"):
+            return next_block(self.store, self.cfg, max_updates)
 
     def update_priorities(self, indices, priorities, generations) -> None:
-        self.store.update_priorities(indices, priorities, generations)
+        with tracer().span("update_priorities", "replay"):
+            self.store.update_priorities(indices, priorities, generations)
 
     def digest(self) -> str | None:
         return digest(self.store.state_dict())

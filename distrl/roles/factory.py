@@ -18,6 +18,11 @@ def acting_policy(cfg, worker_index: int, num_workers: int):
     return policy
 
 
+def trace_settings(cfg) -> tuple[bool, int]:
+    """(whether to record a trace, events each process keeps), as every role's tracer takes them."""
+    return cfg.log.trace, cfg.log.trace_events
+
+
 def resolve_device(device: str) -> str:
     """'auto' -> cuda when a GPU is visible, else cpu."""
     if device != "auto":

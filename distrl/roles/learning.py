@@ -13,8 +13,9 @@ from typing import Any
 import numpy as np
 
 from distrl.core import Learner, TrainStats, Weights
+from distrl.observe.trace import tracer
 from distrl.registry import on_policy
-from distrl.replay.store import Block, block_priority_update, next_block
+from distrl.replay.store import Block, block_priority_update
 
 
 def learn_block(learner: Learner, block: Block, stats: TrainStats) -> np.ndarray | None:
@@ -84,8 +85,10 @@ class LearnerLoop:
         self.version = -1
 
     def publish(self) -> int:
-        self.version = self.learner.updates
-        self.io.publish(self.version, self.learner.get_weights())
+        with tracer().span("publish", "transfer", version=self.learner.updates):
+            self.version = self.learner.updates
+            self.io.publish(self.version, self.learner.get_weights())
+            tracer().flow_out("weights", self.version)
         return self.version
 
     def train(self, num_updates: int) -> TrainStats:
@@ -105,7 +108,8 @@ class LearnerLoop:
             left = num_updates - stats.consumed - next(iter(block[0].values())).shape[0]
             if left > 0 and not self.on_policy:
                 prefetch = self.io.request(left)  # the next block travels while this one trains
-            update = block_priority_update(block, learn_block(self.learner, block, stats))
+            with tracer().span("update_block", "learning", updates=next(iter(block[0].values())).shape[0]):
+                update = block_priority_update(block, learn_block(self.learner, block, stats))
             if update is not None:
                 self.io.write_priorities(*update)
             if self.learner.updates - self.version >= self.publish_interval:
@@ -136,19 +140,19 @@ class LearnerLoop:
 
 
 class LocalIO(LearnerIO):
-    """Single mode: blocks come straight from the store in this process, weights go to its policy."""
+    """Single mode: blocks come straight from the replay job in this process, weights go to its policy."""
 
-    def __init__(self, store, cfg, policy):
-        self.store, self.cfg, self.policy = store, cfg, policy
+    def __init__(self, experience, policy):
+        self.experience, self.policy = experience, policy
 
     def request(self, max_updates: int):
         return max_updates  # sampled on receive: nothing to overlap with in one process
 
     def receive(self, handle: int) -> Block | None:
-        return next_block(self.store, self.cfg, handle)
+        return self.experience.next_block(handle)
 
     def write_priorities(self, indices, priorities, generations) -> None:
-        self.store.update_priorities(indices, priorities, generations)
+        self.experience.update_priorities(indices, priorities, generations)
 
     def publish(self, version: int, weights: Weights) -> None:
         self.policy.set_weights(weights, version)

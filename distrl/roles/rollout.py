@@ -8,6 +8,7 @@ import numpy as np
 
 from distrl.core import Fragment, FragmentInfo, Policy, Trajectory
 from distrl.envs import VectorEnv
+from distrl.observe.trace import tracer
 
 
 class Rollout:
@@ -20,6 +21,7 @@ class Rollout:
         self.fragment_length = fragment_length
         self.worker_index = worker_index
         self.env_steps = 0
+        self.fragments = 0
 
     def get_state(self) -> dict:
         """Exploration and RNG state (JSON-exact). Env internals are not captured: on
@@ -43,49 +45,71 @@ class Rollout:
         self.policy.episodes_ended(np.ones(self.envs.num_envs, bool))
 
     def sample(self) -> Fragment:
-        T, E = self.fragment_length, self.envs.num_envs
-        envs = self.envs
-        obs_shape = envs.obs.shape[1:]
-        obs = np.empty((T, E, *obs_shape), envs.obs.dtype)
-        next_obs = np.empty_like(obs)
-        rewards = np.empty((T, E), np.float32)
-        terminated = np.empty((T, E), bool)
-        truncated = np.empty((T, E), bool)
-        actions = None
-        extras: dict[str, np.ndarray] = {}
+        """T steps of every env, then the fragment the policy makes of them (traced as one `sample` span)."""
+        tr = tracer()
+        with tr.span("sample", "rollout", env_steps=self.fragment_length * self.envs.num_envs):
+            frag = self._sample(tr)
+            self.fragments += 1
+            frag.info.fragment_id = (os.getpid() << 24) + self.fragments  # names the transfer in traces
+            tr.flow_out("fragment", frag.info.fragment_id)
+        return frag
+
+    def _sample(self, tr) -> Fragment:
+        T, E, envs = self.fragment_length, self.envs.num_envs, self.envs
+        buf = Buffers(T, envs.obs)
         returns, lengths = [], []
         t_act = t_env = 0.0
-        errors_before = envs.env_errors
-        version = self.policy.version
+        errors_before, version = envs.env_errors, self.policy.version
         for t in range(T):
-            t0 = time.perf_counter()
+            t0 = time.time()
             self.policy.observe_steps(self.env_steps)
             a, ex = self.policy.act(envs.obs, explore=True)
-            t1 = time.perf_counter()
-            if actions is None:  # shapes/dtypes come from the policy's first answer
-                actions = np.empty((T, *a.shape), a.dtype)
-                extras = {k: np.empty((T, *v.shape), v.dtype) for k, v in ex.items()}
-            obs[t] = envs.obs
-            actions[t] = a
-            for k, v in ex.items():
-                extras[k][t] = v
-            next_obs[t], rewards[t], terminated[t], truncated[t], finished = envs.step(a)
-            self.policy.episodes_ended(terminated[t] | truncated[t])
+            t1 = time.time()
+            buf.put_action(t, envs.obs, a, ex)
+            buf.next_obs[t], buf.rewards[t], buf.terminated[t], buf.truncated[t], finished = envs.step(a)
+            self.policy.episodes_ended(buf.terminated[t] | buf.truncated[t])
             for ret, length in finished:
                 returns.append(ret)
                 lengths.append(length)
             self.env_steps += E
-            t_env += time.perf_counter() - t1
-            t_act += t1 - t0
-        t0 = time.perf_counter()
-        traj = Trajectory(obs, actions, rewards, terminated, truncated, next_obs, extras)
-        data, priorities = self.policy.postprocess(traj)
+            t2 = time.time()
+            tr.complete("inference", "inference", t0, t1 - t0)
+            tr.complete("env_step", "env", t1, t2 - t1)
+            t_env, t_act = t_env + t2 - t1, t_act + t1 - t0
+        t0 = time.time()
+        data, priorities = self.policy.postprocess(buf.trajectory())
         if "version" not in data:  # per item: flat (N,) for replay, (T, E) for trajectories
             data["version"] = np.full(data["rewards"].shape if "rewards" in data else (1,), version, np.int32)
         info = FragmentInfo(
             worker=self.worker_index, version=version, env_steps=T * E,
             episode_returns=np.asarray(returns, np.float64), episode_lengths=np.asarray(lengths, np.int64),
-            timings={"env_s": t_env, "inference_s": t_act + time.perf_counter() - t0},
+            timings={"env_s": t_env, "inference_s": t_act + time.time() - t0},
             env_errors=envs.env_errors - errors_before, pid=os.getpid(), items=len(data["version"]),
         )
         return Fragment(data, priorities, info)
+
+
+class Buffers:
+    """A fragment's time-major arrays, filled step by step; action and extras shapes come from the policy."""
+
+    def __init__(self, T: int, obs: np.ndarray):
+        self.obs = np.empty((T, *obs.shape), obs.dtype)
+        self.next_obs = np.empty_like(self.obs)
+        E = obs.shape[0]
+        self.rewards = np.empty((T, E), np.float32)
+        self.terminated = np.empty((T, E), bool)
+        self.truncated = np.empty((T, E), bool)
+        self.actions, self.extras = None, {}
+
+    def put_action(self, t: int, obs: np.ndarray, actions: np.ndarray, extras: dict) -> None:
+        if self.actions is None:
+            T = len(self.obs)
+            self.actions = np.empty((T, *actions.shape), actions.dtype)
+            self.extras = {k: np.empty((T, *v.shape), v.dtype) for k, v in extras.items()}
+        self.obs[t], self.actions[t] = obs, actions
+        for k, v in extras.items():
+            self.extras[k][t] = v
+
+    def trajectory(self) -> Trajectory:
+        return Trajectory(self.obs, self.actions, self.rewards, self.terminated, self.truncated,
+                          self.next_obs, self.extras)

@@ -17,22 +17,39 @@ import ray
 
 from distrl.config import from_dict
 from distrl.core import TrainStats, Weights
+from distrl.observe.trace import configure, tracer
+from distrl.roles.factory import trace_settings
 from distrl.roles.learning import LearnerIO
 from distrl.runtime.ray_setup import HeapTrimmer
 
 
+def start_tracing(trace: tuple[bool, int], role: str, index: int | None = None) -> None:
+    """This actor's tracer: (enabled, ring size) from the config, labelled with its role and Ray node."""
+    enabled, capacity = trace
+    configure(role, index, enabled, capacity, node=ray.get_runtime_context().get_node_id()[:8])
+
+
+class Traced:
+    """Lets the driver collect what this actor recorded."""
+
+    def drain_trace(self) -> dict:
+        return tracer().drain()
+
+
 @ray.remote(num_cpus=0, enable_task_events=False)
-class ParameterServer:
+class ParameterServer(Traced):
     """Newest weights and their version. Holds an ObjectRef, so weights are serialised once."""
 
-    def __init__(self):
+    def __init__(self, trace: tuple[bool, int] = (False, 1)):
+        start_tracing(trace, "parameter_server")
         self.version = -1
         self.ref = None  # [ObjectRef]: wrapped in a list so Ray passes the ref, not the value
         self.starts: dict[int, int] = {}
 
     def push(self, version: int, ref_box: list) -> None:
         if version > self.version:
-            self.version, self.ref = version, ref_box
+            with tracer().span("push", "transfer", version=version):
+                self.version, self.ref = version, ref_box
 
     def pull_if_newer(self, version: int):
         """(version, [ref]) when newer than `version`, else None."""
@@ -49,13 +66,15 @@ class ParameterServer:
 
 
 @ray.remote(num_cpus=0, enable_task_events=False)
-class ReplayServer:
+class ReplayServer(Traced):
     """Hosts the run's `ExperienceServer`: replay, or the on-policy trajectory FIFO."""
 
     def __init__(self, cfg_dict: dict, run_dir: str):
         from distrl.roles.experience import ExperienceServer
 
-        self.experience = ExperienceServer(from_dict(cfg_dict))
+        cfg = from_dict(cfg_dict)
+        start_tracing(trace_settings(cfg), "replay")
+        self.experience = ExperienceServer(cfg)
         self.trimmer = HeapTrimmer()
         with warnings.catch_warnings():  # Ray's own property trips its deprecated actor_id
             warnings.simplefilter("ignore")
@@ -64,8 +83,8 @@ class ReplayServer:
             self.experience.refill(run_dir)
 
     def add(self, payload) -> None:
-        data, priorities = payload
-        self.experience.add(data, priorities)
+        data, priorities, fragment_id = payload
+        self.experience.add(data, priorities, fragment_id)
         self.trimmer.maybe_trim()
 
     def next_block(self, max_updates: int):
@@ -101,7 +120,7 @@ class ReplayServer:
 
 
 @ray.remote(enable_task_events=False)
-class RolloutWorker:
+class RolloutWorker(Traced):
     """Steps `env.num_envs` envs with batched inference; one fragment per `sample` call."""
 
     def __init__(self, cfg_dict: dict, worker_index: int, num_workers: int, ps):
@@ -110,6 +129,7 @@ class RolloutWorker:
         from distrl.roles.rollout import Rollout
 
         cfg = from_dict(cfg_dict)
+        start_tracing(trace_settings(cfg), "worker", worker_index)
         self.policy = acting_policy(cfg, worker_index, num_workers)
         self.rollout = Rollout(self.policy, cfg.env.id, cfg.env.num_envs, cfg.rollout.fragment_length,
                                cfg.seed + worker_index, worker_index, cfg.env.kwargs)
@@ -130,21 +150,25 @@ class RolloutWorker:
         got, self.pending = ray.get(self.pending), None
         if got is not None:
             version, (ref,) = got
-            self.policy.set_weights(ray.get(ref), version)
+            with tracer().span("pull_weights", "transfer", version=version):
+                tracer().flow_in("weights", version)
+                self.policy.set_weights(ray.get(ref), version)
         if not blocking:
             self.pending = self.ps.pull_if_newer.remote(self.policy.version)
         self.pull_s += time.perf_counter() - t0
 
     @ray.method(num_returns=2)
     def sample(self, blocking_pull: bool):
-        start = time.perf_counter()
+        start = time.time()
+        if self.last_return is not None:  # between two calls: waiting for the driver, and the transfer
+            tracer().complete("idle", "wait", self.last_return, start - self.last_return)
         self._pull(blocking_pull or self.policy.version < 0)
         frag = self.rollout.sample()
         frag.info.timings["pull_s"], self.pull_s = self.pull_s, 0.0
         if self.last_return is not None:
             frag.info.timings["worker_idle_s"] = start - self.last_return
-        self.last_return = time.perf_counter()
-        return frag.info, (frag.data, frag.priorities)
+        self.last_return = time.time()
+        return frag.info, (frag.data, frag.priorities, frag.info.fragment_id)
 
     def pid(self) -> int:
         return os.getpid()
@@ -167,7 +191,8 @@ class RayIO(LearnerIO):
         return self.replay.next_block.remote(max_updates)
 
     def receive(self, handle):
-        return ray.get(handle)
+        with tracer().span("wait_batch", "wait"):
+            return ray.get(handle)
 
     def write_priorities(self, indices, priorities, generations) -> None:
         self.outstanding.append(self.replay.update_priorities.remote(indices, priorities, generations))
@@ -181,7 +206,7 @@ class RayIO(LearnerIO):
 
 
 @ray.remote(enable_task_events=False)
-class Learner:
+class Learner(Traced):
     """Hosts the `LearnerLoop`: the only optimizer.step(), prefetching its next block while it trains."""
 
     def __init__(self, cfg_dict: dict, ps, replay, device: str):
@@ -191,6 +216,7 @@ class Learner:
 
         one_compute_thread(load_torch=True)
         cfg = from_dict(cfg_dict)
+        start_tracing(trace_settings(cfg), "learner")
         self.loop = LearnerLoop(build_algorithm(cfg).make_learner(device), cfg, RayIO(ps, replay))
         self.trimmer = HeapTrimmer()
 
@@ -215,13 +241,15 @@ class Learner:
 
 
 @ray.remote(num_cpus=0, enable_task_events=False)
-class Evaluator:
+class Evaluator(Traced):
     """Plays greedy episodes with the newest published weights; keeps the best checkpoint."""
 
     def __init__(self, cfg_dict: dict, ps, run_dir: str, start_time: float, resume: dict | None = None):
         from distrl.roles.evaluation import make_evaluation
 
-        self.evaluation = make_evaluation(from_dict(cfg_dict), run_dir, start_time, resume)
+        cfg = from_dict(cfg_dict)
+        start_tracing(trace_settings(cfg), "evaluator")
+        self.evaluation = make_evaluation(cfg, run_dir, start_time, resume)
         self.ps = ps
         self.version = -1
         self.weights = None
@@ -230,8 +258,10 @@ class Evaluator:
         """(this process's id, the result): a new id tells the driver the actor was restarted."""
         got = ray.get(self.ps.pull_if_newer.remote(self.version))
         if got is not None:
-            self.version, (ref,) = got
-            self.weights = ray.get(ref)
+            with tracer().span("pull_weights", "transfer", version=got[0]):
+                tracer().flow_in("weights", got[0])
+                self.version, (ref,) = got
+                self.weights = ray.get(ref)
         if self.weights is None:
             return os.getpid(), None
         return os.getpid(), self.evaluation.evaluate(self.weights, self.version, env_steps)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import nullcontext
 
 import numpy as np
 
@@ -10,6 +11,7 @@ from distrl.checkpoint import save_json
 from distrl.config import Config
 from distrl.core import Gathered, Roles, TrainStats, add_to_sums
 from distrl.observe import MetricsLogger
+from distrl.observe.trace import tracer, write_trace
 from distrl.registry import on_policy
 from distrl.replay.store import fragments_per_update, make_rate_limiter
 from distrl.runtime.counters import Counters
@@ -31,6 +33,7 @@ class Driver:
         self.stop_requested: str | None = None
         self.failure: str | None = None
         self.on_policy = on_policy(cfg.algo)
+        self.distributed = cfg.mode != "single"  # its gathers wait on other processes
         self.fpu = fragments_per_update(cfg)
         self.last_eval_submit = 0.0
         self.learner_starved = False
@@ -71,20 +74,25 @@ class Driver:
         self.last_log = time.time()
         self.last_log_steps, self.last_log_updates = self.c.env_steps, self.c.updates
         reason = None
+        tr = tracer()
         while reason is None:
             allowed = self.sampling_allowed()
-            self._count_fragments(self.roles.gather(allowed))
+            with tr.span("gather" if allowed else "backpressure", "wait") if self.distributed else nullcontext():
+                self._count_fragments(self.roles.gather(allowed))
             budget = self.update_budget()
             for stats in self.roles.train(budget):
                 self._count_training(stats)
-            self._tick(workers_held=not allowed, learner_held=budget <= 0 and self.roles.updates_in_flight() == 0)
+            learner_held = budget <= 0 and self.roles.updates_in_flight() == 0
+            if learner_held and not self.on_policy:
+                tr.instant("rate_limited", "wait")
+            self._tick(workers_held=not allowed, learner_held=learner_held)
             self._evaluate()
             reason = self._stop_reason()
             if self._log_due() or reason:
-                self._log_row()
+                with tr.span("log", "driver"):
+                    self._log_row()
             if not reason and time.time() - self.last_checkpoint >= self.cfg.checkpoint.interval_s:
-                self.checkpoint_s.append(save_checkpoint(self))
-                self.last_checkpoint = time.time()
+                self._checkpoint()
         return self._finish(reason)
 
     def _count_fragments(self, gathered: Gathered) -> None:
@@ -211,11 +219,24 @@ class Driver:
                 self.roles.submit_eval(self.c.env_steps, wait=True)
             self._evaluate(block=True)
         self._log_row()
-        self.checkpoint_s.append(save_checkpoint(self))  # every stop leaves a resumable run
+        self._checkpoint()  # every stop leaves a resumable run
         summary = self._summary(reason, restarts)
+        self._write_trace()
         save_json(os.path.join(self.run_dir, "summary.json"), summary)
         self.logger.close()
         return summary
+
+    def _checkpoint(self) -> None:
+        with tracer().span("checkpoint", "checkpoint"):
+            self.checkpoint_s.append(save_checkpoint(self))
+        self.last_checkpoint = time.time()
+
+    def _write_trace(self) -> None:
+        """RUN_DIR/trace.json from every process's ring (`distrl timeline` / `distrl report` read it)."""
+        drained = self.roles.traces()
+        if drained:
+            write_trace(os.path.join(self.run_dir, "trace.json"), drained, self.start,
+                        {"mode": self.cfg.mode, "algo": self.cfg.algo, "env": self.cfg.env.id})
 
     def _rate_summary(self, wall: float) -> dict:
         """Which side waited for the other, and the ratio that held."""

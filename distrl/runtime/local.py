@@ -15,7 +15,8 @@ from distrl.config import Config, from_dict, to_dict
 from distrl.core import Gathered, Roles, RunState, TrainStats
 from distrl.roles.evaluation import make_evaluation
 from distrl.roles.experience import ExperienceServer
-from distrl.roles.factory import build_algorithm, resolve_device
+from distrl.observe.trace import configure, tracer
+from distrl.roles.factory import build_algorithm, resolve_device, trace_settings
 from distrl.roles.learning import LearnerLoop, LocalIO
 from distrl.registry import make_policy
 from distrl.roles.rollout import Rollout
@@ -26,7 +27,9 @@ def evaluator_main(cfg_dict: dict, run_dir: str, start_time: float, inbox, outbo
                    resume: dict | None = None) -> None:
     """Evaluator process: score each (weights, version, env_steps) it receives."""
     parent = os.getppid()
-    evaluation = make_evaluation(from_dict(cfg_dict), run_dir, start_time, resume)
+    cfg = from_dict(cfg_dict)
+    configure("evaluator", None, *trace_settings(cfg))
+    evaluation = make_evaluation(cfg, run_dir, start_time, resume)
     outbox.put("ready")
     while True:
         try:
@@ -37,6 +40,9 @@ def evaluator_main(cfg_dict: dict, run_dir: str, start_time: float, inbox, outbo
             continue
         if job is None:
             return
+        if job == "trace":
+            outbox.put(tracer().drain())
+            continue
         weights, version, env_steps = job
         outbox.put(evaluation.evaluate(weights, version, env_steps))
 
@@ -75,6 +81,17 @@ class LocalEvaluator:
                 break
         return out
 
+    def drain_trace(self) -> dict | None:
+        """What the evaluator process recorded (after the evaluation in flight, if any)."""
+        self.poll(block=True, timeout=60)
+        if self.busy or not self.proc.is_alive():
+            return None
+        self.inbox.put("trace")
+        try:
+            return self.outbox.get(timeout=30)
+        except queue.Empty:
+            return None
+
     def close(self) -> None:
         try:
             self.inbox.put(None)
@@ -89,13 +106,14 @@ class LocalRoles(Roles):
 
     def __init__(self, cfg: Config, run_dir: str, start_time: float, eval_resume: dict | None = None):
         one_compute_thread(load_torch=True)
+        configure("main", None, *trace_settings(cfg))
         self.cfg = cfg
         self.evaluator = LocalEvaluator(cfg, run_dir, start_time, eval_resume)  # first: overlaps its start-up
         algo = build_algorithm(cfg)
         learner = algo.make_learner(resolve_device(cfg.device))
         self.policy = make_policy(cfg, algo.spec, 0, 1)
         self.experience = ExperienceServer(cfg)
-        self.loop = LearnerLoop(learner, cfg, LocalIO(self.experience.store, cfg, self.policy))
+        self.loop = LearnerLoop(learner, cfg, LocalIO(self.experience, self.policy))
         self.loop.publish()
         self.rollout = Rollout(self.policy, cfg.env.id, cfg.env.num_envs, cfg.rollout.fragment_length,
                                cfg.seed, 0, cfg.env.kwargs)
@@ -119,7 +137,7 @@ class LocalRoles(Roles):
         if not allow_sampling:  # the learner is behind: this pass only trains
             return Gathered()
         frag = self.rollout.sample()
-        self.experience.add(frag.data, frag.priorities)
+        self.experience.add(frag.data, frag.priorities, frag.info.fragment_id)
         for k, v in frag.info.timings.items():
             self.timings[k] += v
         return Gathered([frag.info], ready=1)
@@ -145,6 +163,12 @@ class LocalRoles(Roles):
 
     def time_breakdown(self) -> dict[str, float]:
         return dict(self.timings)
+
+    def traces(self) -> list[dict]:
+        if not self.cfg.log.trace:
+            return []
+        evaluator = self.evaluator.drain_trace()
+        return [tracer().drain(), *([evaluator] if evaluator else [])]
 
     def close(self) -> None:
         self.evaluator.close()

@@ -14,7 +14,8 @@ from ray.exceptions import RayTaskError
 from distrl.config import Config, to_dict
 from distrl.core import Gathered, Restarts, Roles, RunState, TrainStats
 from distrl.roles.experience import write_store
-from distrl.roles.factory import resolve_device
+from distrl.observe.trace import configure, tracer
+from distrl.roles.factory import resolve_device, trace_settings
 from distrl.runtime.actors import Evaluator, Learner, ParameterServer, ReplayServer, RolloutWorker
 from distrl.runtime.gather import AsyncGather, SyncGather
 from distrl.runtime.ray_setup import ACTOR_GONE, heap_runtime_env, init_ray
@@ -26,6 +27,7 @@ class RayRoles(Roles):
     def __init__(self, cfg: Config, run_dir: str, start_time: float, address: str | None = None,
                  eval_resume: dict | None = None):
         init_ray(address)
+        configure("driver", None, *trace_settings(cfg))
         self.cfg, self.run_dir = cfg, run_dir
         d = to_dict(cfg)
         device = resolve_device(cfg.device)
@@ -33,7 +35,7 @@ class RayRoles(Roles):
         # On a cluster each worker and the learner reserve a CPU, so Ray spreads them over nodes;
         # embedded on one machine, reservations would only cap the worker count.
         cpus = 1 if address else 0
-        self.ps = ParameterServer.remote()
+        self.ps = ParameterServer.remote(trace_settings(cfg))
         self.replay = ReplayServer.options(max_restarts=-1, max_task_retries=0, runtime_env=heap_env).remote(d, run_dir)
         self.learner = Learner.options(num_cpus=cpus, num_gpus=1 if device.startswith("cuda") else 0,
                                        runtime_env=heap_env).remote(d, self.ps, self.replay, device)
@@ -217,6 +219,19 @@ class RayRoles(Roles):
 
     def time_breakdown(self) -> dict[str, float]:
         return dict(self.timings)
+
+    def traces(self) -> list[dict]:
+        """Every actor's recorded events (a dead actor's are lost with it) and the driver's own."""
+        if not self.cfg.log.trace:
+            return []
+        refs = [a.drain_trace.remote() for a in [*self.workers, self.learner, self.evaluator, self.replay, self.ps]]
+        drained = [tracer().drain()]
+        for ref in refs:
+            try:
+                drained.append(ray.get(ref, timeout=30))
+            except (*ACTOR_GONE, RayTaskError, ray.exceptions.GetTimeoutError):
+                pass
+        return drained
 
     def worker_pids(self) -> list[int]:
         return ray.get([w.pid.remote() for w in self.workers])

@@ -1,0 +1,241 @@
+"""DHC: a parameter-shared recurrent Q-network for communicating agents (Ma, Luo, Pan 2021).
+
+The network (`DHCNetwork`, one set of weights for every agent; numpy twin and the exact
+equations in `distrl.algos.dhc_acting`): encoder (3x3 convs + Linear over a field of view, or an
+MLP over flat observations) -> GRU -> communication block -> (dueling) Q head. The block is
+`comm_rounds` rounds of multi-head attention of each agent over itself and its live neighbours
+in the stored communication mask (masked logits are -inf, so masked agents get weight exactly 0
+and the self term keeps every row non-empty), each followed by a GRU-cell update of agents that
+have a neighbour. It works on the GRU's outputs and never feeds back into the recurrence, so an
+update unrolls the GRU per agent (agents folded into the batch: one fused nn.GRU call per segment
+between resets) and then runs the block on all steps at once (one batched attention call).
+
+Experience is R2D2's: sequences of L = burn_in + length + n_step joint steps from
+`SequenceReplay`, with per-step fields (N, ...): obs, actions, rewards (per agent), comm_mask and
+active (both as the worker saw them: the learner never recomputes the mask), plus the per-step
+discount, mask and valid. One update on a time-major batch (L, B, N, ...):
+
+1. Burn-in, steps [0, burn_in): both networks unroll from the stored per-agent GRU states under
+   `torch.no_grad()`; then the online network continues with gradient, the target without.
+   Wherever `first` is True the state of every agent of that item is zeroed before the step.
+2. Targets per agent: double Q (online argmax, target value), n-step returns over the steps on
+   which the agent is active (its return stops when it goes inactive, an inactive agent never
+   bootstraps), bootstrapping at the pseudo-step of a truncated episode for agents active there,
+   never after a termination (`agent_nstep_targets`). No value rescaling.
+3. Loss: 0.5 * td^2 over trained (step, agent) pairs, mask[t] * active[t, i], weighted by the
+   item's importance weight, averaged over those pairs; Adam, grad-norm clipping, a hard target
+   copy every `target_update_interval` updates. Priorities per item: eta * max|td| +
+   (1 - eta) * mean|td| over its trained (step, agent) pairs.
+
+Cost: the encoder dominates, so it runs only on stored steps of active agents (`rows`); padding
+and inactive agents (whose observations are zero) get the encoder's output for a zero input.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from distrl.algos.common import ReplayAlgorithm, TargetNetworkState, adam, as_tensors, mlp
+from distrl.algos.dhc_acting import agent_nstep_targets, agent_priorities
+from distrl.core import Batch, EnvSpec, Learner
+
+
+class CommRound(nn.Module):
+    """One round: multi-head attention over self + live neighbours, then h_i' = GRUCell(m_i, h_i)."""
+
+    def __init__(self, size: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.head_dim = max(1, size // heads)
+        self.qkv = nn.Linear(size, 3 * heads * self.head_dim)
+        self.update = nn.GRUCell(heads * self.head_dim, size)
+
+    def forward(self, h: torch.Tensor, allowed: torch.Tensor, has_message: torch.Tensor) -> torch.Tensor:
+        """h (M, N, C); allowed (M, 1, N, N) bool (receiver, sender); has_message (M, N, 1) bool."""
+        m, n, c = h.shape
+        q, k, v = self.qkv(h).view(m, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        logits = (q @ k.transpose(-1, -2)) / math.sqrt(self.head_dim)
+        weights = torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1)
+        message = (weights @ v).transpose(1, 2).reshape(m * n, -1)  # (M*N, heads * head_dim)
+        new = self.update(message, h.reshape(m * n, c)).view(m, n, c)
+        return torch.where(has_message, new, h)  # no neighbour: no message, h unchanged
+
+
+class DHCNetwork(nn.Module):
+    """Encoder -> GRU -> communication -> (dueling) Q; states are (B, N, 1, C) as in `dhc_acting`."""
+
+    def __init__(self, obs_shape: tuple, num_actions: int, encoder: list[int], core_size: int,
+                 comm: bool, heads: int, rounds: int, dueling: bool):
+        super().__init__()
+        self.obs_shape = tuple(obs_shape)
+        if len(self.obs_shape) == 3:
+            layers, c = [], self.obs_shape[0]
+            for out in encoder:
+                layers += [nn.Conv2d(c, out, 3, padding=1), nn.ReLU()]
+                c = out
+            self.conv = nn.Sequential(*layers)
+            self.proj = nn.Linear(c * self.obs_shape[1] * self.obs_shape[2], core_size)
+        else:
+            self.torso = mlp([self.obs_shape[0], *encoder, core_size])
+        self.core = nn.GRU(core_size, core_size)
+        self.comm = nn.ModuleList([CommRound(core_size, heads) for _ in range(rounds)] if comm else [])
+        self.advantage = nn.Linear(core_size, num_actions)
+        self.value = nn.Linear(core_size, 1) if dueling else None
+
+    def encode(self, obs: torch.Tensor) -> torch.Tensor:
+        """(M, core_size) features of (M, *obs_shape)."""
+        if len(self.obs_shape) == 3:
+            return torch.relu(self.proj(self.conv(obs).flatten(1)))
+        return self.torso(obs)
+
+    def features(self, obs: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+        """(T, B*N, C) features of obs (T, B, N, ...); where `rows` is False the obs is zero, so
+        those rows take the features of a zero observation, computed once."""
+        t, b, n = obs.shape[:3]
+        flat = obs.reshape(t * b * n, *self.obs_shape)
+        if rows is None:
+            return self.encode(flat).view(t, b * n, -1)
+        idx = torch.nonzero(rows.reshape(-1)).flatten()
+        blank = self.encode(flat.new_zeros(1, *self.obs_shape))
+        out = blank.expand(len(flat), -1).index_copy(0, idx, self.encode(flat[idx]))
+        return out.view(t, b * n, -1)
+
+    def recurrent(self, obs, state, first, rows=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """GRU outputs (T, B, N, C) and final state (B, N, 1, C) from obs (T, B, N, ...), state
+        (B, N, 1, C), first (T, B) (zero every agent's state before such a step)."""
+        t, b, n = obs.shape[:3]
+        x = self.features(obs, rows)
+        hx = state.reshape(1, b * n, -1)
+        keep = (~first).to(x.dtype)[:, :, None].expand(t, b, n).reshape(t, b * n, 1)
+        resets = torch.nonzero(first.any(dim=1)).flatten().tolist()
+        outs = []
+        for lo, hi in itertools.pairwise(sorted({0, *resets}) + [t]):
+            if lo in resets:
+                hx = hx * keep[lo]
+            out, hx = self.core(x[lo:hi], hx)  # fused over the segment between resets
+            outs.append(out)
+        out = outs[0] if len(outs) == 1 else torch.cat(outs)
+        return out.view(t, b, n, -1), hx.view(b, n, 1, -1)
+
+    def communicate(self, h: torch.Tensor, comm_mask: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+        """The communication block on h (..., N, C) with comm_mask (..., N, N), active (..., N)."""
+        if not len(self.comm):
+            return h
+        lead, n = h.shape[:-2], h.shape[-2]
+        eye = torch.eye(n, dtype=torch.bool, device=h.device)
+        neighbours = comm_mask.bool() & active.bool()[..., None, :] & ~eye  # inactive agents never send
+        allowed = (neighbours | eye).reshape(-1, 1, n, n)
+        has_message = neighbours.any(dim=-1).reshape(-1, n, 1)
+        h = h.reshape(-1, n, h.shape[-1])
+        for rnd in self.comm:
+            h = rnd(h, allowed, has_message)
+        return h.view(*lead, n, -1)
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        adv = self.advantage(h)
+        if self.value is None:
+            return adv
+        return self.value(h) + adv - adv.mean(dim=-1, keepdim=True)
+
+    def q_values(self, h, comm_mask, active) -> torch.Tensor:
+        return self.head(self.communicate(h, comm_mask, active))
+
+
+def build_network(spec: EnvSpec, cfg) -> DHCNetwork:
+    return DHCNetwork(tuple(spec.observation_space.shape), int(spec.action_space.n), list(cfg.encoder),
+                      cfg.core_size, cfg.comm, cfg.comm_heads, cfg.comm_rounds, cfg.dueling)
+
+
+class DHCLearner(TargetNetworkState, Learner):
+    """The DHC update on time-major multi-agent sequence batches (module docstring); `seq` is the SequenceConfig."""
+
+    def __init__(self, spec: EnvSpec, cfg, seq, device: str):
+        self.cfg, self.device = cfg, device
+        self.burn_in, self.length = int(seq.burn_in), int(seq.length)
+        self.seq_len = self.burn_in + self.length + int(cfg.n_step)
+        self.q = build_network(spec, cfg).to(device)
+        self.target = build_network(spec, cfg).to(device)
+        self.target.load_state_dict(self.q.state_dict())
+        self.target.requires_grad_(False)
+        self.opt = adam(self.q.parameters(), cfg.lr, device)
+        self.updates = 0
+
+    def _unroll_both(self, t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Online Q with gradient and target Q, both (L - burn_in, B, N, A), after the burn-in."""
+        b = self.burn_in
+        obs, first, state, cm, active = t["obs"], t["first"], t["state"], t["comm_mask"], t["active"]
+        rows = (t["valid"] > 0)[..., None] & active.bool()  # stored steps of active agents
+        with torch.no_grad():
+            out, _ = self.target.recurrent(obs, state, first, rows)
+            q_target = self.target.q_values(out[b:], cm[b:], active[b:])
+            if b:
+                _, state = self.q.recurrent(obs[:b], state, first[:b], rows[:b])
+        out, _ = self.q.recurrent(obs[b:], state, first[b:], rows[b:])
+        return self.q.q_values(out, cm[b:], active[b:]), q_target
+
+    def loss_and_td(self, t: dict[str, torch.Tensor]):
+        """(loss, td (length, B, N), Q of the taken actions (length, B, N), trained pairs (length, B, N))."""
+        cfg, b, n = self.cfg, self.burn_in, self.length
+        if t["obs"].shape[0] != self.seq_len:
+            raise ValueError(f"sequences of {t['obs'].shape[0]} steps, the learner expects burn_in + length + "
+                             f"n_step = {self.seq_len}: the policy and learner disagree on cfg.sequence")
+        q, q_target = self._unroll_both(t)
+        active = t["active"][b:].to(q.dtype)
+        q_taken = q[:n].gather(-1, t["actions"][b:b + n].long().unsqueeze(-1)).squeeze(-1)
+        with torch.no_grad():
+            if cfg.double:
+                values = q_target.gather(-1, q.detach().argmax(dim=-1, keepdim=True)).squeeze(-1)
+            else:
+                values = q_target.max(dim=-1).values
+            target = agent_nstep_targets(values, t["rewards"][b:], t["discount"][b:], t["mask"][b:],
+                                         t["valid"][b:], active, cfg.gamma, cfg.n_step, 0, n)
+        td = q_taken - target
+        live = t["mask"][b:b + n, :, None] * active[:n]
+        weights = t["weights"] if "weights" in t else torch.ones_like(live[0, :, 0])
+        loss = (0.5 * td.square() * live * weights[:, None]).sum() / live.sum().clamp(min=1.0)
+        return loss, td.detach(), q_taken.detach(), live
+
+    def update(self, batch: Batch) -> dict[str, Any]:
+        t = as_tensors(batch, self.device)
+        loss, td, q_taken, live = self.loss_and_td(t)
+        grad_norm = self.optimize(loss)
+        live = live.cpu().numpy()
+        abs_td = td.abs().cpu().numpy()
+        real = max(float(live.sum()), 1.0)
+        return {
+            "loss": loss.item(),
+            "q_mean": float((q_taken.cpu().numpy() * live).sum() / real),
+            "td_abs_mean": float((abs_td * live).sum() / real),
+            "grad_norm": float(grad_norm),
+            "priorities": agent_priorities(abs_td, live, self.cfg.priority_eta),
+        }
+
+
+class DHC(ReplayAlgorithm):
+    name = "dhc"
+    learner_cls = DHCLearner
+    discrete, box = True, False
+
+    @classmethod
+    def check_spec(cls, spec: EnvSpec) -> str | None:
+        from gymnasium import spaces
+
+        if not isinstance(spec.action_space, spaces.Discrete):
+            return f"dhc needs a Discrete action space, the env has {spec.action_space}"
+        obs = spec.observation_space
+        if not isinstance(obs, spaces.Box) or len(obs.shape) not in (1, 3):
+            return f"dhc needs a Box observation of shape (C, H, W) or (D,), the env has {obs}"
+        return None
+
+    def make_learner(self, device: str) -> DHCLearner:
+        # The learner needs the sequence layout (burn-in, trained length) besides its own section.
+        torch.manual_seed(self.cfg.seed)
+        return DHCLearner(self.spec, self.cfg.dhc, self.cfg.sequence, device)
+
+
+ALGORITHM = DHC
