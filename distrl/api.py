@@ -2,19 +2,36 @@
 from __future__ import annotations
 
 import os
+import re
+import secrets
 import time
 from typing import Any
 
 from distrl.config import Config, ConfigError, apply_overrides, from_dict, load_config, to_dict
 
 
-def validate(cfg: Config) -> None:
-    """Everything about a config that can be checked before a run dir exists."""
-    from distrl.envs import EnvError, env_spec
-    from distrl.registry import algorithm_class
+# Rollout workers one machine hosts without a cluster: beyond a few per core they only contend,
+# and each is a process with its own interpreter and envs.
+WORKERS_PER_CORE, WORKER_MB = 8, 300
+
+
+def host_worker_limit() -> int:
+    """Rollout workers this machine can host embedded: by cores, and by free memory."""
+    cores = os.cpu_count() or 1
+    try:
+        free_mb = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2**20
+    except (ValueError, OSError):
+        free_mb = WORKER_MB * WORKERS_PER_CORE * cores
+    return max(1, min(WORKERS_PER_CORE * cores, free_mb // WORKER_MB))
+
+
+def validate(cfg: Config, address: str | None = None) -> None:
+    """Everything about a config that can be checked before a run dir exists (`address`: a cluster to join)."""
+    from distrl.envs import EnvError, check_env
+    from distrl.registry import algorithm_class, data_path
 
     try:
-        spec = env_spec(cfg.env.id, cfg.env.kwargs)
+        spec = check_env(cfg.env.id, cfg.env.kwargs)
     except EnvError as e:
         raise ConfigError(str(e)) from None
     algo = algorithm_class(cfg.algo)
@@ -26,18 +43,38 @@ def validate(cfg: Config) -> None:
                           f"(supported: {', '.join(algo.modes)})")
     if cfg.device != "auto" and not (cfg.device == "cpu" or cfg.device.startswith("cuda")):
         raise ConfigError(f"config key 'device': expected auto, cpu, cuda or cuda:N, got {cfg.device!r}")
-    if cfg.device.startswith("cuda"):
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ConfigError(f"config key 'device': {cfg.device} requested but no CUDA device is visible")
+    _check_device(cfg.device)
     if cfg.replay.min_size > cfg.replay.capacity:
         raise ConfigError("config key 'replay.min_size': larger than replay.capacity, learning would never start")
+    if data_path(cfg.algo) in ("replay", "sequence") and cfg.learner.batch_size > cfg.replay.capacity:
+        raise ConfigError(f"config key 'learner.batch_size': {cfg.learner.batch_size} is larger than "
+                          f"replay.capacity ({cfg.replay.capacity})")
+    limit = host_worker_limit()
+    if not address and cfg.mode != "single" and cfg.workers > limit:
+        raise ConfigError(f"config key 'workers': {cfg.workers} workers cannot run on this machine without a "
+                          f"cluster; it can host {limit} ({WORKERS_PER_CORE} per core, within free memory). "
+                          "Use fewer, or --address to join a Ray cluster")
+
+
+def _check_device(device: str) -> None:
+    if not device.startswith("cuda"):
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError(f"config key 'device': {device} requested but no CUDA device is visible")
+    index = device.partition(":")[2]
+    if index and (not index.isdigit() or int(index) >= torch.cuda.device_count()):
+        raise ConfigError(f"config key 'device': {device} does not exist "
+                          f"({torch.cuda.device_count()} CUDA device(s) visible)")
 
 
 def default_run_dir(cfg: Config) -> str:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    return os.path.join("runs", f"{cfg.algo}_{cfg.env.id}_{cfg.mode}_{stamp}")
+    """runs/<algo>_<env>_<mode>_seed<N>_<time to the microsecond>-<random>: two runs started together never share one."""
+    env = re.sub(r"[^A-Za-z0-9_.-]+", "-", cfg.env.id.split(":")[-1])
+    now = time.time()
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now)) + f".{int(now % 1 * 1e6):06d}"
+    return os.path.join("runs", f"{cfg.algo}_{env}_{cfg.mode}_seed{cfg.seed}_{stamp}-{secrets.token_hex(3)}")
 
 
 def resolve_config(config: Config | dict | str | None, overrides: list[str] | None = None) -> Config:
@@ -59,8 +96,10 @@ def train(config: Config | dict | str | None = None, *, overrides: list[str] | N
     """
     start = start_time if start_time is not None else time.time()
     cfg = resolve_config(config, overrides)
-    validate(cfg)
+    validate(cfg, address)
     run_dir = run_dir or default_run_dir(cfg)
+    if os.path.exists(run_dir) and not os.path.isdir(run_dir):
+        raise ConfigError(f"run dir {run_dir} is a file, not a directory")
     if os.path.exists(os.path.join(run_dir, "config.yaml")):
         raise ConfigError(f"run dir {run_dir} already holds a run; choose another --run-dir")
     from distrl.runtime.launch import run_training
@@ -80,16 +119,18 @@ def _run_config(run_dir: str, overrides: list[str] | None = None) -> Config:
 def resume(run_dir: str, *, overrides: list[str] | None = None, address: str | None = None) -> dict[str, Any]:
     """Continue `run_dir` from its newest complete checkpoint; returns the final summary.
 
-    `overrides` may change e.g. stop.* (the budget counts the time already spent).
-    Raises ConfigError / CheckpointError on a missing run dir or a bad checkpoint.
+    The config is the one saved in the checkpoint; `overrides` may change how the run goes on
+    (stop.*, log.*, eval.*, workers, mode, ...; the budget counts the time already spent), not what
+    the checkpoint's state was built with. Raises ConfigError / CheckpointError on a missing or live
+    run dir, a bad checkpoint or an incompatible override.
     """
-    from distrl.checkpoint.run import load_latest
-    from distrl.runtime.launch import resume_training
+    from distrl.runtime.launch import resume_run
 
-    cfg = _run_config(run_dir, overrides)
-    validate(cfg)
-    path, state = load_latest(run_dir)
-    return resume_training(cfg, run_dir, path, state, address)
+    if not os.path.isdir(run_dir):
+        raise ConfigError(f"run dir not found: {run_dir}")
+    if not os.path.isdir(os.path.join(run_dir, "checkpoints")):
+        raise ConfigError(f"{run_dir} is not a distrl run dir (no checkpoints/)")
+    return resume_run(run_dir, overrides or [], address, validate)
 
 
 def evaluate(run_dir: str, episodes: int = 20, seed: int = 12345) -> dict[str, Any]:

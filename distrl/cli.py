@@ -9,6 +9,11 @@ import argparse  # noqa: E402
 import sys  # noqa: E402
 
 
+# Exit statuses: 0 the run ended normally (solved or a stop condition), 1 a fault stopped it (summary.json
+# says which, the newest checkpoint resumes it), 2 bad input (nothing was written), 130 interrupted.
+EXIT_FAULT, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
+
+
 class UsageError(Exception):
     """Bad input: printed as one line, exit status 2."""
 
@@ -130,8 +135,9 @@ def report(summary: dict) -> int:
     print(f"results: {summary['run_dir']}  (metrics.csv, summary.json, checkpoints/, tb/)")
     if summary.get("failure"):
         print(f"distrl: {summary['failure']}", file=sys.stderr)
-        return 1
-    return 0
+    if summary["stop_reason"] == "interrupted":
+        return EXIT_INTERRUPTED
+    return EXIT_FAULT if summary.get("failure") else 0
 
 
 def cmd_eval(args) -> int:
@@ -143,6 +149,10 @@ def cmd_eval(args) -> int:
     print(f"{result['env']}: {result['mean']:.1f} ± {result['std']:.1f} over {len(result['returns'])} greedy "
           f"episodes (checkpoint version {result['version']})")
     return 0
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -161,11 +171,11 @@ def main(argv: list[str] | None = None) -> int:
                     "report": cmd_report, "plot": cmd_plot}
         return commands[args.command](args)
     except (UsageError, ConfigError, CheckpointError) as e:
-        print(f"distrl: error: {e}", file=sys.stderr)
-        return 2
+        print(f"distrl: error: {_one_line(e)}", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         print("distrl: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

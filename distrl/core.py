@@ -152,7 +152,8 @@ class Algorithm(abc.ABC):
 
 # --- what moves between the roles and the driver ----------------------------------
 # Already metrics.csv columns, or running totals whose per-interval mean means nothing.
-NOT_LOGGED = {"loss", "dropped", "dropped_total", "policy_lag", "optimizer_steps"}
+NOT_LOGGED = {"loss", "dropped", "dropped_total", "policy_lag", "optimizer_steps", "nonfinite"}
+NONFINITE = "nonfinite/"  # learner.jsonl key prefix: how many values of a stat were NaN or inf (a count, not a mean)
 
 
 def add_to_sums(sums: dict[str, list[float]], name: str, total: float, count: int) -> None:
@@ -176,13 +177,20 @@ class TrainStats:
     version: int = 0
     starved: bool = False  # the store had nothing to give
     scalars: dict[str, list[float]] = field(default_factory=dict)  # name -> [sum, count] of learner stats
+    nonfinite: int = 0       # updates skipped because their loss or gradient was NaN or inf
+    nonfinite_tail: int = 0  # of those, how many came after the call's last good update
+    poisoned: bool = False   # the learner's weights hold a NaN or inf: they were not published
+    rewound_to: int | None = None  # a restarted learner was restored to this update count
 
     def add_scalars(self, out: dict) -> None:
-        """Sum the learner's scalar diagnostics (alpha, entropy, KL, ...) for the driver's log."""
+        """Sum the learner's scalar diagnostics (alpha, entropy, KL, ...) for the driver's log;
+        a NaN or inf is counted under NONFINITE + name instead of being averaged in."""
         for k, v in out.items():
-            if k not in NOT_LOGGED and isinstance(v, (float, int, np.floating, np.integer)) \
-                    and not isinstance(v, bool) and math.isfinite(v):
-                add_to_sums(self.scalars, k, float(v), 1)
+            if k not in NOT_LOGGED and isinstance(v, (float, int, np.floating, np.integer)) and not isinstance(v, bool):
+                if math.isfinite(v):
+                    add_to_sums(self.scalars, k, float(v), 1)
+                else:
+                    add_to_sums(self.scalars, NONFINITE + k, 1.0, 1)
 
 
 @dataclass
@@ -202,6 +210,9 @@ class Restarts:
     workers: int = 0
     evaluator: int = 0
     replay: int = 0
+    learner: int = 0
+    parameter_server: int = 0
+    workers_lost: int = 0  # workers unreachable for longer than fault.worker_timeout_s
 
 
 RunState = dict[str, Any]

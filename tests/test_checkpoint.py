@@ -15,6 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from distrl.checkpoint import layout, read
 from distrl.checkpoint import run as rc
 from distrl.checkpoint import store_file
 from distrl.checkpoint import CheckpointError, save_json, save_weights
@@ -71,7 +72,7 @@ def _digest(d: dict) -> dict:
 def _rehash(ckpt: str) -> None:
     """Make DONE agree with the files on disk, as a deliberate attacker would."""
     files = {n: {"size": os.path.getsize(os.path.join(ckpt, n)),
-                 "sha256": rc._sha256(os.path.join(ckpt, n))}
+                 "sha256": layout.sha256(os.path.join(ckpt, n))}
              for n in os.listdir(ckpt) if n != "DONE"}
     with open(os.path.join(ckpt, "DONE"), "w") as fh:
         json.dump({"format_version": rc.FORMAT_VERSION, "files": files}, fh)
@@ -203,7 +204,7 @@ trees = st.recursive(st.one_of(scalars, arrays, st.just(np.float64(2.5)), st.jus
 @given(trees)
 def test_store_tree_encoding_is_exact(tree):
     skel, arrs = rc._split_store(tree)
-    back = rc._join_store(json.loads(json.dumps(skel)), arrs, "store.npz")
+    back = read._join_store(json.loads(json.dumps(skel)), arrs, "store.npz")
 
     def same(a, b):
         assert type(a) is type(b)

@@ -32,6 +32,21 @@ def run_main(capsys, *argv):
     (["train", CARTPOLE, "--max-seconds", "soon"], "invalid float value: 'soon'"),
     (["eval", "no/such/run"], "run dir not found: no/such/run"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
+    (["train", CARTPOLE, "--workers", "10000"], "config key 'workers': 10000 workers cannot run on this machine"),
+    (["train", CARTPOLE, "--set", "learner.batch_size=1000000"], "config key 'learner.batch_size': 1000000 is larger"),
+    (["train", CARTPOLE, "--set", "stop.max_seconds=-1"], "config key 'stop.max_seconds': must be > 0.0"),
+    (["train", CARTPOLE, "--set", "env.id=:CartPole-v1"], "config key 'env.id': ':CartPole-v1' must look like"),
+    (["train", CARTPOLE, "--set", "env.kwargs={max_episode_steps: -5}"], "config key 'env.kwargs': CartPole-v1 could not be built"),
+    (["train", CARTPOLE, "--set", "env.id=LunarLander-v3", "--set", "env.kwargs={gravity: 100.0}"],
+     "config key 'env.kwargs': LunarLander-v3 could not be built with {'gravity': 100.0}: gravity"),
+    (["train", CARTPOLE, "--set", "env.id=distrl.envs.testing:NaNCartPole-v1", "--set", "env.kwargs={nan_prob: 2, seed: x}"],
+     "config key 'env.kwargs'"),
+    (["train", CARTPOLE, "--seed", str(2**64)], "config key 'seed': must be <="),
+    (["train", CARTPOLE, "--address", "127.0.0.1:9"], "--address 127.0.0.1:9: no Ray cluster answers there"),
+    (["train", CARTPOLE, "--device", "cuda:99"], "config key 'device': cuda:99"),
+    (["train", CARTPOLE, "--set", "replay.alpha=.nan"], "config key 'replay.alpha': must be a finite number"),
+    (["train", CARTPOLE, "--set", "eval.target_return=.inf"], "config key 'eval.target_return': must be a finite number"),
+    (["train", CARTPOLE, "--set", "apex_dqn.hidden=[64, x]"], "config key 'apex_dqn.hidden': must be a non-empty list"),
 ])
 def test_bad_input_is_one_line_exit_2_and_no_run_dir(capsys, tmp_path, argv, message):
     run_dir = tmp_path / "run"
@@ -79,3 +94,22 @@ def test_console_script_exit_status(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip() == "distrl: error: config key 'replay.alpha': must be >= 0.0, got -1.0"
     assert not (tmp_path / "run").exists()
+
+
+def test_a_binary_config_file_and_a_run_dir_that_is_a_file(capsys, tmp_path):
+    binary = tmp_path / "config.yaml"
+    binary.write_bytes(bytes(range(256)) * 4)
+    code, _, err = run_main(capsys, "train", str(binary), "--run-dir", str(tmp_path / "run"))
+    assert code == 2 and err.strip() == f"distrl: error: config file {binary} is not a text (YAML) file"
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    code, _, err = run_main(capsys, "train", CARTPOLE, "--run-dir", str(afile))
+    assert code == 2 and "is a file, not a directory" in err and afile.read_text() == "x"
+
+
+def test_an_env_that_fails_in_a_worker_leaves_no_run_dir(capsys, tmp_path):
+    """A start-up failure after the run dir was claimed (here: Ray can't be reached) removes it again."""
+    run_dir = tmp_path / "run"
+    code, _, err = run_main(capsys, "train", CARTPOLE, "--mode", "async", "--address", "127.0.0.1:9",
+                            "--run-dir", str(run_dir))
+    assert code == 2 and "Traceback" not in err and not run_dir.exists()

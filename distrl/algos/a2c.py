@@ -13,6 +13,7 @@ import torch
 from distrl.algos.actor_critic import (ActorCriticAlgorithm, ActorCriticLearner, ActorCriticNet,
                                        actor_critic_loss, bootstrap_values, time_major)
 from distrl.algos.advantages import gae
+from distrl.algos.common import skipped
 from distrl.core import Batch
 
 
@@ -29,6 +30,8 @@ class A2CLearner(ActorCriticLearner):
     def update(self, batch: Batch) -> dict[str, Any]:
         loss, terms = a2c_loss(self.net, time_major(batch, self.device), self.cfg)
         grad_norm = self.step(loss)
+        if grad_norm is None:
+            return skipped(loss)
         self.updates += 1
         return self.metrics(loss, terms, grad_norm=grad_norm, optimizer_steps=self.optimizer_steps)
 

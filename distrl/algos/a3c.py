@@ -76,6 +76,8 @@ class A3CLearner(ActorCriticLearner):
             # torch.tensor copies: the message may be a read-only view from the object store.
             p.grad = torch.tensor(batch[f"grad/{name}"], device=self.device).view_as(p)
         grad_norm = self.step()
+        if grad_norm is None:  # a worker sent a non-finite gradient
+            return {**out, "nonfinite": 1, "staleness": staleness}
         self.updates += 1
         return {**out, "dropped": 0, "dropped_total": self.dropped, "grad_norm": grad_norm,
                 "staleness_applied": staleness, "optimizer_steps": self.optimizer_steps}

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from distrl.algos.common import HALF_LOG_2PI, adam, as_tensors, mlp, spec_problem, to_numpy_weights
+from distrl.algos.common import HALF_LOG_2PI, adam, as_tensors, guarded_step, mlp, spec_problem, to_numpy_weights
 from distrl.core import Algorithm, Batch, EnvSpec, Learner, Weights
 
 
@@ -141,16 +141,12 @@ class ActorCriticLearner(Learner):
     def make_optimizer(self) -> torch.optim.Optimizer:
         return adam(self.net.parameters(), self.cfg.lr, self.device)
 
-    def step(self, loss: torch.Tensor | None = None) -> float:
-        """Backward `loss` (or use the .grad already set), clip, step; returns the grad norm."""
-        if loss is not None:
-            self.opt.zero_grad(set_to_none=True)
-            loss.backward()
-        norm = (nn.utils.clip_grad_norm_(self.net.parameters(), self.cfg.grad_clip, foreach=True)
-                if self.cfg.grad_clip else torch.zeros(()))
-        self.opt.step()
-        self.optimizer_steps += 1
-        return float(norm)
+    def step(self, loss: torch.Tensor | None = None) -> float | None:
+        """Backward `loss` (or use the .grad already set), clip, step: the grad norm, or None when the
+        loss or gradient was not finite and no step was taken (`guarded_step`)."""
+        norm = guarded_step(self.opt, self.net.parameters(), loss, self.cfg.grad_clip)
+        self.optimizer_steps += norm is not None
+        return norm
 
     @staticmethod
     def metrics(loss: torch.Tensor, terms: dict[str, torch.Tensor], **extra: float) -> dict[str, Any]:

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from distrl.algos.common import ReplayAlgorithm, TargetNetworkState, adam, as_tensors, mlp
+from distrl.algos.common import ReplayAlgorithm, TargetNetworkState, adam, as_tensors, mlp, skipped
 from distrl.core import Batch, EnvSpec, Learner
 
 
@@ -70,10 +70,12 @@ class DQNLearner(TargetNetworkState, Learner):
         elementwise = F.huber_loss(q_taken, target, reduction="none")
         loss = (elementwise * weights).mean() if weights is not None else elementwise.mean()
         grad_norm = self.optimize(loss)
+        if grad_norm is None:
+            return skipped(loss)
         return {
             "loss": loss.item(),
             "q_mean": q_taken.detach().mean().item(),
-            "grad_norm": float(grad_norm),
+            "grad_norm": grad_norm,
             "priorities": td.detach().abs().cpu().numpy(),
         }
 

@@ -72,4 +72,5 @@ class DQNPolicy(Policy):
                                      items["actions"].reshape(-1, 1).astype(np.int64), axis=1)[:, 0]
         q_next = self.q_values(items["next_obs"]).max(axis=1)
         td = items["rewards"] + items["discounts"] * q_next - q_taken
-        return items, np.abs(td)
+        # A reward near float32's limit can overflow the n-step sum: such an item is still stored, at top priority.
+        return items, np.nan_to_num(np.abs(td), nan=np.finfo(np.float32).max, posinf=np.finfo(np.float32).max)

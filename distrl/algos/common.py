@@ -79,19 +79,16 @@ class TargetNetworkState:
     """The step, weights, checkpoint state and restore of a Q-learner holding `q`, `target`, `opt`, `updates`
     and a config with `grad_clip` and `target_update_interval`."""
 
-    def optimize(self, loss) -> float:
-        """One optimizer step on `loss` with grad-norm clipping, then the periodic hard target copy; the grad norm."""
-        import torch
-
-        self.opt.zero_grad(set_to_none=True)
-        loss.backward()
-        clip = self.cfg.grad_clip
-        norm = torch.nn.utils.clip_grad_norm_(self.q.parameters(), clip, foreach=True) if clip else torch.zeros(())
-        self.opt.step()
+    def optimize(self, loss) -> float | None:
+        """One guarded optimizer step on `loss` (see `guarded_step`), then the periodic hard target copy;
+        the grad norm, or None when the loss or gradient was not finite and nothing changed."""
+        norm = guarded_step(self.opt, self.q.parameters(), loss, self.cfg.grad_clip)
+        if norm is None:
+            return None
         self.updates += 1
         if self.updates % self.cfg.target_update_interval == 0:
             self.target.load_state_dict(self.q.state_dict())
-        return float(norm)
+        return norm
 
     def get_weights(self) -> Weights:
         return to_numpy_weights(self.q)
@@ -106,6 +103,33 @@ class TargetNetworkState:
         self.target.load_state_dict(state["target"])
         self.opt.load_state_dict(state["opt"])
         self.updates = int(state["updates"])
+
+
+def guarded_step(opt, params, loss=None, clip: float | None = None) -> float | None:
+    """Backward `loss` (or use the gradients already set), clip to `clip`, step: the gradient norm.
+
+    A non-finite loss or gradient would poison every weight it reaches, and through published
+    weights every worker: then no step is taken, the gradients are cleared, and None is returned.
+    """
+    import torch
+
+    params = list(params)
+    if loss is not None:
+        opt.zero_grad(set_to_none=True)
+        if not bool(torch.isfinite(loss)):
+            return None
+        loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(params, clip if clip else math.inf, foreach=True)
+    if not bool(torch.isfinite(norm)):
+        opt.zero_grad(set_to_none=True)
+        return None
+    opt.step()
+    return float(norm)
+
+
+def skipped(loss) -> dict:
+    """What an update that took no step returns (its loss or gradient was not finite)."""
+    return {"nonfinite": 1, "loss": float(loss.detach()) if hasattr(loss, "detach") else float(loss)}
 
 
 def mlp(sizes: list[int], activation=None, last_activation: bool = True) -> nn.Sequential:

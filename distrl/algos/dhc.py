@@ -36,11 +36,10 @@ import itertools
 import math
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
-from distrl.algos.common import ReplayAlgorithm, TargetNetworkState, adam, as_tensors, mlp
+from distrl.algos.common import ReplayAlgorithm, TargetNetworkState, adam, as_tensors, mlp, skipped
 from distrl.algos.dhc_acting import agent_nstep_targets, agent_priorities
 from distrl.core import Batch, EnvSpec, Learner
 
@@ -98,7 +97,7 @@ class DHCNetwork(nn.Module):
         those rows take the features of a zero observation, computed once."""
         t, b, n = obs.shape[:3]
         flat = obs.reshape(t * b * n, *self.obs_shape)
-        if rows is None:
+        if rows is None or bool(rows.all()):
             return self.encode(flat).view(t, b * n, -1)
         idx = torch.nonzero(rows.reshape(-1)).flatten()
         blank = self.encode(flat.new_zeros(1, *self.obs_shape))
@@ -204,6 +203,8 @@ class DHCLearner(TargetNetworkState, Learner):
         t = as_tensors(batch, self.device)
         loss, td, q_taken, live = self.loss_and_td(t)
         grad_norm = self.optimize(loss)
+        if grad_norm is None:  # a non-finite loss or gradient: no step, and no priorities from it
+            return skipped(loss)
         live = live.cpu().numpy()
         abs_td = td.abs().cpu().numpy()
         real = max(float(live.sum()), 1.0)

@@ -95,11 +95,12 @@ def gru_cell(x: np.ndarray, h: np.ndarray, params: tuple) -> np.ndarray:
 
 
 def conv3x3_relu(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Conv2d(k=3, padding=1) + ReLU on channel-last x (M, H, W, Cin); w is (Cin * 9, Cout)."""
+    """Conv2d(k=3, padding=1) + ReLU on channel-last x (M, H, W, Cin); w is (9 * Cin, Cout), rows (kh, kw, cin)."""
     m, height, width, cin = x.shape
     padded = np.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
-    cols = sliding_window_view(padded, (3, 3), axis=(1, 2))  # (M, H, W, Cin, 3, 3): torch's weight order
-    out = cols.reshape(m * height * width, cin * 9) @ w + b
+    # (M, H, W, 3, 3, Cin): channels innermost, so the im2col copy reads contiguous runs
+    cols = sliding_window_view(padded, (3, 3), axis=(1, 2)).transpose(0, 1, 2, 4, 5, 3)
+    out = cols.reshape(m * height * width, 9 * cin) @ w + b
     return np.maximum(out, 0.0).reshape(m, height, width, -1)
 
 
@@ -117,14 +118,14 @@ class NumpyDHCNet:
     def __init__(self, weights: Weights, obs_shape: tuple, heads: int):
         self.image = len(obs_shape) == 3
         layers = sorted({int(k.split(".")[1]) for k in weights if k.startswith("conv.")})
-        # (Cout, Cin, 3, 3) -> (Cin * 9, Cout): the row order of `conv3x3_relu`'s windows
+        # (Cout, Cin, 3, 3) -> (3 * 3 * Cin, Cout): the row order of `conv3x3_relu`'s windows
         self.conv = [(np.ascontiguousarray(np.asarray(weights[f"conv.{i}.weight"], np.float32)
-                                           .reshape(len(weights[f"conv.{i}.bias"]), -1).T),
+                                           .transpose(2, 3, 1, 0).reshape(-1, len(weights[f"conv.{i}.bias"]))),
                       np.asarray(weights[f"conv.{i}.bias"], np.float32)) for i in layers]
         if self.image:
             # torch flattens (C, H, W); our activations are channel-last (H, W, C): permute the rows once.
             w, b = numpy_linear(weights, "proj")
-            c = self.conv[-1][0].shape[1] if self.conv else obs_shape[0]
+            c = self.conv[-1][0].shape[1] if self.conv else obs_shape[0]  # channels into proj
             rows = w.reshape(c, *obs_shape[1:], -1).transpose(1, 2, 0, 3).reshape(w.shape)
             self.proj = (np.ascontiguousarray(rows), b)
         else:

@@ -16,6 +16,7 @@ from typing import Any
 from distrl.algos.actor_critic import (ActorCriticAlgorithm, ActorCriticLearner, actor_critic_loss,
                                        bootstrap_values, time_major)
 from distrl.algos.advantages import vtrace
+from distrl.algos.common import skipped
 from distrl.core import Batch
 
 
@@ -31,6 +32,8 @@ class ImpalaLearner(ActorCriticLearner):
                             c.gamma, c.rho_bar, c.c_bar)
         loss, terms = actor_critic_loss(logp, entropy, values, pg_adv.reshape(-1), vs.reshape(-1), c)
         grad_norm = self.step(loss)
+        if grad_norm is None:
+            return skipped(loss)
         self.updates += 1
         rho = (target_logp - t["logp"]).exp()
         return self.metrics(loss, terms, grad_norm=grad_norm, optimizer_steps=self.optimizer_steps,

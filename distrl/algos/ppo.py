@@ -25,6 +25,7 @@ import torch
 from distrl.algos.actor_critic import (ActorCriticAlgorithm, ActorCriticLearner, bootstrap_values,
                                        normalize, time_major)
 from distrl.algos.advantages import gae, vtrace
+from distrl.algos.common import skipped
 from distrl.core import Batch
 
 
@@ -76,20 +77,25 @@ class PPOLearner(ActorCriticLearner):
         adv, returns, old_values = adv.reshape(-1), returns.reshape(-1), old_values.reshape(-1)
         old_logp = t["logp"].reshape(-1)
         sums: torch.Tensor | None = None
-        n = 0
+        n = skips = 0
         for _ in range(c.epochs):
             for idx in torch.randperm(adv.numel(), device=adv.device).chunk(c.minibatches):
                 logp, entropy, values = self.net.evaluate(t["obs"][idx], t["actions"][idx])
                 loss, terms = ppo_loss(logp, old_logp[idx], adv[idx], values, old_values[idx],
                                        returns[idx], entropy, c)
                 grad_norm = self.step(loss)
+                if grad_norm is None:  # this minibatch's step is skipped; the others still count
+                    skips += 1
+                    continue
                 row = torch.stack([loss.detach(), *terms.values(), loss.new_tensor(grad_norm)])
                 sums = row if sums is None else sums + row
                 n += 1
+        if n == 0:
+            return skipped(loss)
         self.updates += 1
         means = (sums / n).tolist()
         out = dict(zip(["loss", *terms, "grad_norm"], means))
-        out.update(optimizer_steps=self.optimizer_steps, policy_lag=lag)
+        out.update(optimizer_steps=self.optimizer_steps, policy_lag=lag, nonfinite_steps=skips)
         return out
 
 

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from distrl.algos.common import ReplayAlgorithm, TargetNetworkState, adam, as_tensors, mlp
+from distrl.algos.common import ReplayAlgorithm, TargetNetworkState, adam, as_tensors, mlp, skipped
 from distrl.algos.r2d2_acting import nstep_targets, rescale, sequence_priorities, unrescale
 from distrl.core import Batch, EnvSpec, Learner
 
@@ -146,6 +146,8 @@ class R2D2Learner(TargetNetworkState, Learner):
         t = as_tensors(batch, self.device)
         loss, td, q_taken = self.loss_and_td(t)
         grad_norm = self.optimize(loss)
+        if grad_norm is None:
+            return skipped(loss)
         mask = batch["mask"][self.burn_in:self.burn_in + self.length]
         abs_td = td.abs().cpu().numpy()
         real = max(float(mask.sum()), 1.0)
@@ -153,7 +155,7 @@ class R2D2Learner(TargetNetworkState, Learner):
             "loss": loss.item(),
             "q_mean": float((q_taken.cpu().numpy() * mask).sum() / real),
             "td_abs_mean": float((abs_td * mask).sum() / real),
-            "grad_norm": float(grad_norm),
+            "grad_norm": grad_norm,
             "priorities": sequence_priorities(abs_td, mask, self.cfg.priority_eta),
         }
 

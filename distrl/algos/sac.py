@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from distrl.algos.common import ReplayAlgorithm, adam, as_tensors, mlp, to_numpy_weights
+from distrl.algos.common import ReplayAlgorithm, adam, as_tensors, guarded_step, mlp, skipped, to_numpy_weights
 from distrl.algos.sac_acting import spec_dims
 from distrl.algos.sac_numpy import NumpySACUpdate
 from distrl.algos.squashed_gaussian import log_std_from_tanh, tanh_log_prob
@@ -130,6 +130,8 @@ class SACLearner(Learner):
         if batch.get("weights") is not None:
             b["weights"] = np.asarray(batch["weights"], np.float32)
         stats = self.numpy_update.step(b, noise, self.target_entropy, self.cfg.autotune_alpha, self.cfg.tau)
+        if stats is None:
+            return {"nonfinite": 1, "loss": math.nan}
         self.updates += 1
         return {"loss": stats["loss_critic"], **stats}
 
@@ -162,9 +164,9 @@ class SACLearner(Learner):
         loss_alpha = temperature_loss(self.log_alpha, log_pi_now, self.target_entropy)
         total = loss_critic + loss_actor + (loss_alpha if self.cfg.autotune_alpha else 0.0)
 
-        self.opt.zero_grad(set_to_none=True)
-        total.backward()
-        self.opt.step()  # a param without a gradient (log_alpha when not autotuned) is skipped
+        # A param without a gradient (log_alpha when not autotuned) is left alone by the step.
+        if guarded_step(self.opt, [*self._params, *self.actor.parameters(), self.log_alpha], total) is None:
+            return skipped(total)
 
         with torch.no_grad():
             torch._foreach_lerp_(self._target_params, self._params, self.cfg.tau)

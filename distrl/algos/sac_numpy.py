@@ -150,7 +150,8 @@ class NumpySACUpdate:
         self.critic_flat = self.flat.flat[:sum(p.numel() for p in critic_params)]  # critics come first
         self._torch = torch
 
-    def step(self, batch: Batch, noise: np.ndarray, target_entropy: float, autotune: bool, tau: float) -> dict:
+    def step(self, batch: Batch, noise: np.ndarray, target_entropy: float, autotune: bool, tau: float) -> dict | None:
+        """One update; None, and no change to any parameter, when a loss or gradient is not finite."""
         # Adam's moments of zero-gradient parameters (dead ReLUs) decay into the denormal
         # range, where every op is several times slower: flush them while the update runs,
         # then put the thread's mode back as it was.
@@ -161,6 +162,8 @@ class NumpySACUpdate:
                                     batch, noise, float(self.log_alpha), target_entropy)
             if not autotune:
                 self.grads["log_alpha"][()] = 0.0  # Adam then leaves the temperature where it is
+            if not (np.isfinite(self.grad_flat).all() and math.isfinite(stats["loss_critic"])):
+                return None  # a NaN or inf here would poison every parameter Adam touches
             self.adam.step(self.grad_flat)
             target = self.flat_target.flat
             target += tau * (self.critic_flat - target)

@@ -8,6 +8,7 @@ The sections are in `sections` (the run) and `algorithms` (one per algorithm).
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import types
 import typing
@@ -33,7 +34,7 @@ class Config:
     algo: str = f("apex_dqn", "algorithm name (see distrl.registry.ALGOS)")
     mode: str = f("async", "run mode: single | sync | async", choices=MODES)
     workers: int = f(2, "rollout workers (single mode uses one, in-process)", lo=1)
-    seed: int = f(0, "base seed; worker i uses seed + i, the evaluator seed + 10_000", lo=0)
+    seed: int = f(0, "base seed; worker i uses seed + i, the evaluator seed + 10_000", lo=0, hi=2**31 - 1)
     device: str = f("auto", "learner device: auto | cpu | cuda | cuda:N")
     env: EnvConfig = field(default_factory=EnvConfig, metadata={"doc": "environment"})
     rollout: RolloutConfig = field(default_factory=RolloutConfig, metadata={"doc": "rollout workers"})
@@ -93,6 +94,13 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
 
 def _check_range(fld: dataclasses.Field, value: Any, path: str) -> None:
     m = fld.metadata
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"config key '{path}': must be a finite number, got {value!r}")
+    if isinstance(value, list) and m.get("item_lo") is not None:
+        if not value or not all(isinstance(v, int) and not isinstance(v, bool) and v >= m["item_lo"] for v in value):
+            raise ConfigError(f"config key '{path}': must be a non-empty list of integers >= {m['item_lo']}, got {value!r}")
+    if isinstance(value, int) and not isinstance(value, bool) and m.get("hi") is None and abs(value) > 2**62:
+        raise ConfigError(f"config key '{path}': {value} is too large")
     if value is None or isinstance(value, (bool, str, list, dict)):
         if m.get("choices") and value not in m["choices"]:
             raise ConfigError(f"config key '{path}': must be one of {', '.join(m['choices'])}, got {value!r}")
@@ -158,9 +166,13 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
 def read_yaml(path: str) -> dict:
     if not os.path.isfile(path):
         raise ConfigError(f"config file not found: {path}")
+    if os.path.isdir(path):
+        raise ConfigError(f"config file {path} is a directory")
     try:
-        with open(path) as fh:
+        with open(path, encoding="utf-8") as fh:
             data = yaml.safe_load(fh)
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {path} is not a text (YAML) file") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""

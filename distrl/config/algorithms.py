@@ -8,7 +8,7 @@ from distrl.config.fields import f
 
 @dataclass
 class ApexDQNConfig:
-    hidden: list = f([64, 64], "hidden layer sizes of the Q-network torso")
+    hidden: list = f([64, 64], "hidden layer sizes of the Q-network torso", item_lo=1)
     dueling: bool = f(True, "dueling value/advantage head")
     double: bool = f(True, "double-DQN target (online argmax, target value)")
     n_step: int = f(3, "steps in the n-step return", lo=1)
@@ -25,7 +25,7 @@ class ApexDQNConfig:
 
 @dataclass
 class SACConfig:
-    hidden: list = f([256, 256], "hidden layer sizes of actor and critics")
+    hidden: list = f([256, 256], "hidden layer sizes of actor and critics", item_lo=1)
     gamma: float = f(0.99, "discount factor", lo=0.0, hi=1.0)
     n_step: int = f(1, "steps in the n-step critic target", lo=1)
     tau: float = f(0.005, "Polyak factor for the target critics", lo=0.0, hi=1.0, lo_open=True)
@@ -40,7 +40,7 @@ class SACConfig:
 
 @dataclass
 class R2D2Config:
-    hidden: list = f([64], "MLP torso layer sizes before the recurrent core")
+    hidden: list = f([64], "MLP torso layer sizes before the recurrent core", item_lo=1)
     core: str = f("lstm", "recurrent core: lstm | gru", choices=("lstm", "gru"))
     core_size: int = f(64, "recurrent state size", lo=1)
     dueling: bool = f(True, "dueling value/advantage head")
@@ -62,7 +62,7 @@ class R2D2Config:
 
 @dataclass
 class DHCConfig:
-    encoder: list = f([32, 32], "conv channels over a field-of-view observation (3x3 kernels), or MLP sizes for flat ones")
+    encoder: list = f([32, 32], "conv channels over a field-of-view observation (3x3 kernels), or MLP sizes for flat ones", item_lo=1)
     core_size: int = f(64, "GRU state size per agent", lo=1)
     comm: bool = f(True, "exchange messages between agents (off: independent parameter-shared agents)")
     comm_heads: int = f(2, "attention heads of the communication block", lo=1)
@@ -86,7 +86,7 @@ class DHCConfig:
 class ActorCriticConfig:
     """What A2C, A3C, PPO and IMPALA share; each has its own section with its own extra keys."""
 
-    hidden: list = f([64, 64], "hidden layer sizes of the policy and value networks")
+    hidden: list = f([64, 64], "hidden layer sizes of the policy and value networks", item_lo=1)
     shared_torso: bool = f(False, "policy and value heads share one torso")
     gamma: float = f(0.99, "discount factor", lo=0.0, hi=1.0)
     lr: float = f(3e-4, "Adam learning rate", lo=0.0, lo_open=True)

@@ -9,13 +9,13 @@ from distrl.config.fields import f
 @dataclass
 class EnvConfig:
     id: str = f("CartPole-v1", "gymnasium environment id")
-    num_envs: int = f(16, "environments each rollout worker steps with one batched forward pass", lo=1)
+    num_envs: int = f(16, "environments each rollout worker steps with one batched forward pass", lo=1, hi=4096)
     kwargs: dict = f({}, "keyword arguments passed to gymnasium.make (e.g. continuous: true)")
 
 
 @dataclass
 class RolloutConfig:
-    fragment_length: int = f(16, "steps per environment in one fragment sent by a worker", lo=1)
+    fragment_length: int = f(16, "steps per environment in one fragment sent by a worker", lo=1, hi=100_000)
 
 
 @dataclass
@@ -53,7 +53,7 @@ class QueueConfig:
 @dataclass
 class LearnerConfig:
     batch_size: int = f(256, "items (transitions or sequences) per gradient update", lo=1)
-    batches_per_call: int = f(8, "batches fetched from the replay server per round trip", lo=1)
+    batches_per_call: int = f(8, "batches fetched from the replay server per round trip", lo=1, hi=1024)
     publish_interval: int = f(8, "updates between weight publications to the parameter server", lo=1)
     fragments_per_update: int = f(0, "on-policy: fragments per update (0 = one per worker)", lo=0)
 
@@ -61,7 +61,7 @@ class LearnerConfig:
 @dataclass
 class EvalConfig:
     target_return: float | None = f(None, "mean greedy return that ends the run as solved (null = never)")
-    episodes: int = f(20, "greedy episodes per evaluation", lo=1)
+    episodes: int = f(20, "greedy episodes per evaluation", lo=1, hi=10_000)
     interval_s: float = f(1.0, "seconds between evaluations", lo=0.0)
     interval_steps: int | None = f(None, "evaluate every this many env steps instead, waiting for the result (deterministic runs)", lo=1)
 
@@ -80,7 +80,11 @@ class AsyncConfig:
 @dataclass
 class FaultConfig:
     max_worker_restarts: int = f(10, "rollout-worker process restarts before the run stops", lo=0)
-    max_env_errors: int = f(1000, "env exceptions (each ends its episode and is counted) before the run stops", lo=0)
+    max_env_errors: int = f(1000, "env exceptions or non-finite env outputs (each ends its episode and is counted) before the run stops", lo=0)
+    max_role_restarts: int = f(10, "restarts of the learner, replay server, parameter server or evaluator (each) before the run stops", lo=0)
+    worker_timeout_s: float = f(120.0, "a worker call, or a dead worker's restart, taking longer than this counts as failed", lo=1.0)
+    role_timeout_s: float = f(120.0, "how long the driver waits for a restarted role, or a learner call, before it gives up", lo=1.0)
+    max_nonfinite_updates: int = f(100, "updates in a row skipped for a NaN or inf loss or gradient before the run stops", lo=1)
 
 
 @dataclass
@@ -97,4 +101,4 @@ class LogConfig:
     progress: bool = f(True, "print a console progress line while training")
     tensorboard: bool = f(True, "write TensorBoard event files into the run dir")
     trace: bool = f(False, "record what every process does into RUN_DIR/trace.json (distrl timeline / report)")
-    trace_events: int = f(200_000, "events each process keeps for the trace (a ring: the newest are kept)", lo=1)
+    trace_events: int = f(200_000, "events each process keeps for the trace (a ring: the newest are kept)", lo=1, hi=10_000_000)

@@ -1,5 +1,5 @@
 """Environment construction: gymnasium envs from config, and a vector of them."""
-from distrl.envs.factory import EnvError, env_spec, make_env
+from distrl.envs.factory import EnvError, check_env, env_spec, make_env
 from distrl.envs.vector import VectorEnv
 
-__all__ = ["EnvError", "VectorEnv", "env_spec", "make_env"]
+__all__ = ["EnvError", "VectorEnv", "check_env", "env_spec", "make_env"]

@@ -65,10 +65,26 @@ def make_env(env_id: str, kwargs: dict[str, Any] | None = None) -> gym.Env:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # gymnasium deprecation chatter is not the user's problem
             return _flat_observations(make(**(kwargs or {})))
-    except TypeError as e:
-        raise EnvError(f"config key 'env.kwargs': {env_id} rejected them: {e}") from None
     except gym.error.DependencyNotInstalled as e:
         raise EnvError(f"environment {env_id!r} needs a missing dependency: {e}") from None
+    except Exception as e:  # noqa: BLE001 - any constructor failure is the config's env.kwargs or env.id
+        reason = " ".join(str(e).split())[:200] or type(e).__name__
+        raise EnvError(f"config key 'env.kwargs': {env_id} could not be built with {kwargs or {}}: {reason}") from None
+
+
+def check_env(env_id: str, kwargs: dict[str, Any] | None = None) -> EnvSpec:
+    """Build the env, reset it and take one step: an env whose kwargs fail only there is caught before
+    any worker starts. Its spec, or EnvError."""
+    env = make_env(env_id, kwargs)
+    try:
+        env.reset(seed=0)
+        env.step(env.action_space.sample())
+        return EnvSpec(env.observation_space, env.action_space)
+    except Exception as e:  # noqa: BLE001 - whatever the env raises, its config made it
+        reason = " ".join(str(e).split())[:200] or type(e).__name__
+        raise EnvError(f"config key 'env.kwargs': {env_id} with {kwargs or {}} fails on reset or step: {reason}") from None
+    finally:
+        env.close()
 
 
 def env_spec(env_id: str, kwargs: dict[str, Any] | None = None) -> EnvSpec:

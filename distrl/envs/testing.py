@@ -1,4 +1,5 @@
-"""Environments for tests: faults (distrl.envs.testing:FlakyCartPole-v1) and a slow env (SlowCartPole-v1)."""
+"""Environments for tests: faults (FlakyCartPole-v1, NaNCartPole-v1, HugeRewardCartPole-v1) and a slow env
+(SlowCartPole-v1). Use as env.id "distrl.envs.testing:<name>"."""
 from __future__ import annotations
 
 import gymnasium as gym
@@ -42,3 +43,42 @@ class SlowCartPole(CartPoleEnv):
 
 if "SlowCartPole-v1" not in gym.envs.registry:
     gym.register("SlowCartPole-v1", entry_point=SlowCartPole, max_episode_steps=500, reward_threshold=475.0)
+
+
+class NaNCartPole(CartPoleEnv):
+    """CartPole whose observation or reward is NaN with probability `nan_prob` per step."""
+
+    def __init__(self, nan_prob: float = 0.001, seed: int | None = None, **kwargs):
+        super().__init__(**kwargs)
+        self.nan_prob = nan_prob
+        self._fault_rng = np.random.default_rng(seed)
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        if self._fault_rng.random() < self.nan_prob:
+            if self._fault_rng.random() < 0.5:
+                obs = np.full_like(obs, np.nan)
+            else:
+                reward = float("nan")
+        return obs, reward, terminated, truncated, info
+
+
+class HugeRewardCartPole(CartPoleEnv):
+    """CartPole paying a finite reward of 3e38 with probability `huge_prob`: squared or summed in float32
+    it overflows to inf, so a learner's loss goes non-finite on any batch holding it."""
+
+    def __init__(self, huge_prob: float = 0.001, seed: int | None = None, **kwargs):
+        super().__init__(**kwargs)
+        self.huge_prob = huge_prob
+        self._fault_rng = np.random.default_rng(seed)
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        if self._fault_rng.random() < self.huge_prob:
+            reward = 3e38
+        return obs, reward, terminated, truncated, info
+
+
+for _name, _cls in (("NaNCartPole-v1", NaNCartPole), ("HugeRewardCartPole-v1", HugeRewardCartPole)):
+    if _name not in gym.envs.registry:
+        gym.register(_name, entry_point=_cls, max_episode_steps=500, reward_threshold=475.0)

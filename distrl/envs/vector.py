@@ -55,8 +55,11 @@ class VectorEnv:
         for i, env in enumerate(self.envs):
             try:
                 o, r, te, tr, _ = env.step(actions[i])
+                if not (np.isfinite(r) and np.isfinite(o).all()):
+                    raise FloatingPointError("non-finite observation or reward")
             except Exception:  # noqa: BLE001 - any env bug: end the episode, keep the run going
-                # Counted and treated as a truncation at the last good observation.
+                # Counted and treated as a truncation at the last good observation (a non-finite
+                # observation or reward too: it would poison replay and then the weights).
                 self.env_errors += 1
                 self.errored[i] = True
                 o, r, te, tr = self.obs[i].copy(), 0.0, False, True

@@ -12,7 +12,7 @@ METRIC_COLUMNS = [
     "train_return_mean", "eval_return_mean", "eval_return_std", "best_eval_return",
     "policy_lag_mean", "policy_lag_max", "loss", "workers_ready_mean", "workers_late_mean",
     "fragments_dropped", "worker_restarts", "env_errors", "gradients_dropped", "weight_version",
-    "workers_blocked_frac", "learner_blocked_frac",
+    "nonfinite_updates", "workers_blocked_frac", "learner_blocked_frac",
 ]
 
 
@@ -20,6 +20,11 @@ def _fmt(v) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-"
     return f"{v:.0f}" if abs(v) >= 100 else f"{v:.3g}"
+
+
+def _nonfinite(row: dict) -> str:
+    n = row.get("nonfinite_updates") or 0
+    return f"  non-finite updates skipped {n}" if n else ""
 
 
 def _pct(v) -> str:
@@ -72,13 +77,14 @@ class MetricsLogger:
             self._bar.set_postfix_str(
                 f"{_fmt(row['env_steps_per_s'])} steps/s, updates {row['updates']} ({_fmt(row['updates_per_s'])}/s), "
                 f"eval {_fmt(row.get('eval_return_mean'))}, lag {_fmt(row.get('policy_lag_mean'))}, "
-                f"blocked w/l {_pct(row.get('workers_blocked_frac'))}/{_pct(row.get('learner_blocked_frac'))}", refresh=True)
+                f"blocked w/l {_pct(row.get('workers_blocked_frac'))}/{_pct(row.get('learner_blocked_frac'))}"
+                f"{_nonfinite(row)}", refresh=True)
         elif self.progress_lines:
             print(f"{row['wall_s']:6.1f}s  steps {row['env_steps']:>8}  {_fmt(row['env_steps_per_s'])} steps/s  "
                   f"updates {row['updates']:>6} ({_fmt(row['updates_per_s'])}/s)  "
                   f"eval {_fmt(row.get('eval_return_mean'))}  lag {_fmt(row.get('policy_lag_mean'))}  "
-                  f"blocked w/l {_pct(row.get('workers_blocked_frac'))}/{_pct(row.get('learner_blocked_frac'))}",
-                  file=sys.stderr, flush=True)
+                  f"blocked w/l {_pct(row.get('workers_blocked_frac'))}/{_pct(row.get('learner_blocked_frac'))}"
+                  f"{_nonfinite(row)}", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         if self._bar is not None:

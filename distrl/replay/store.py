@@ -85,7 +85,8 @@ def block_priority_update(block: Block, priorities: np.ndarray | None):
     batches, indices, _ = block
     if priorities is None or indices is None:
         return None
-    return indices.ravel(), priorities.ravel(), batches[GENERATION_KEY].ravel()
+    keep = np.isfinite(priorities.ravel())  # NaN rows: updates skipped for a non-finite loss
+    return indices.ravel()[keep], priorities.ravel()[keep], batches[GENERATION_KEY].ravel()[keep]
 
 
 def digest(tree) -> str | None:

@@ -1,6 +1,7 @@
 """The evaluator's job without its process: greedy episodes, scores, best checkpoint."""
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -40,6 +41,16 @@ def play_greedy(policy: Policy, env_id: str, episodes: int, seed: int, env_kwarg
     return returns
 
 
+def _saved_best(run_dir: str) -> float:
+    """The return of the run's best checkpoint so far (-inf if none or unreadable)."""
+    try:
+        with open(os.path.join(run_dir, "checkpoints", "best.json")) as fh:
+            value = float(json.load(fh)["return_mean"])
+        return value if np.isfinite(value) else -np.inf
+    except (OSError, ValueError, KeyError, TypeError):
+        return -np.inf
+
+
 class Evaluation:
     """Scores published weights; keeps the best as `checkpoints/best.safetensors`."""
 
@@ -47,7 +58,8 @@ class Evaluation:
                  evaluations: int = 0, best: float = -np.inf):
         self.policy, self.cfg, self.run_dir = policy, cfg, run_dir
         self.start_time = start_time
-        self.best = best  # a resumed run keeps its best checkpoint unless it beats it
+        # The best checkpoint only improves: a resumed run or a restarted evaluator starts from it.
+        self.best = max(best, _saved_best(run_dir))
         self.evaluations = evaluations  # evaluation i plays seeds derived from i
 
     def evaluate(self, weights: Weights, version: int, env_steps: int = 0) -> dict:

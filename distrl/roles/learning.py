@@ -34,6 +34,11 @@ def learn_block(learner: Learner, block: Block, stats: TrainStats) -> np.ndarray
         stats.lags.append(float(learner.updates - batch["version"].mean()))
         out = learner.update(batch)
         stats.consumed += 1
+        if out.get("nonfinite"):  # no step was taken: nothing to log or to send back to replay
+            stats.nonfinite += 1
+            stats.nonfinite_tail += 1
+            continue
+        stats.nonfinite_tail = 0
         if out.get("dropped"):
             stats.dropped += 1
         else:
@@ -42,9 +47,13 @@ def learn_block(learner: Learner, block: Block, stats: TrainStats) -> np.ndarray
         stats.add_scalars(out)
         if "priorities" in out:
             if priorities is None:
-                priorities = np.empty((k, len(out["priorities"])), np.float64)
+                priorities = np.full((k, len(out["priorities"])), np.nan)  # NaN rows: skipped updates
             priorities[i] = out["priorities"]
     return priorities
+
+
+def all_finite(weights: Weights) -> bool:
+    return all(np.isfinite(v).all() for v in weights.values())
 
 
 class LearnerIO(abc.ABC):
@@ -83,11 +92,17 @@ class LearnerLoop:
         self.on_policy = on_policy(cfg.algo)
         self.publish_interval = 1 if self.on_policy else cfg.learner.publish_interval
         self.version = -1
+        self.poisoned = False
 
     def publish(self) -> int:
+        """Send the newest weights out, unless one of them is NaN or inf (then `poisoned`, and nothing is sent)."""
+        weights = self.learner.get_weights()
+        if not all_finite(weights):
+            self.poisoned = True
+            return self.version
         with tracer().span("publish", "transfer", version=self.learner.updates):
             self.version = self.learner.updates
-            self.io.publish(self.version, self.learner.get_weights())
+            self.io.publish(self.version, weights)
             tracer().flow_out("weights", self.version)
         return self.version
 
@@ -119,13 +134,17 @@ class LearnerLoop:
         # Weights and priorities land before the call returns, so a sync round's broadcast
         # pull and the driver's next add see them (and sync runs are deterministic).
         self.io.flush()
-        stats.version = self.version
+        stats.version, stats.poisoned = self.version, self.poisoned
         stats.learner_s = time.perf_counter() - t_start - stats.wait_s
         return stats
 
-    def get_state(self) -> dict[str, Any]:
+    def get_state(self) -> dict[str, Any] | None:
+        """The learner's state and RNG for a checkpoint; None when its weights are not finite (never saved)."""
         import torch
 
+        if self.poisoned or not all_finite(self.learner.get_weights()):
+            self.poisoned = True
+            return None
         return {"state": self.learner.state_dict(), "torch_rng": torch.get_rng_state(), "version": self.version}
 
     def set_state(self, state: dict[str, Any]) -> int:

@@ -14,13 +14,14 @@ import time
 import warnings
 
 import ray
+from ray.exceptions import RayTaskError
 
 from distrl.config import from_dict
 from distrl.core import TrainStats, Weights
 from distrl.observe.trace import configure, tracer
 from distrl.roles.factory import trace_settings
 from distrl.roles.learning import LearnerIO
-from distrl.runtime.ray_setup import HeapTrimmer
+from distrl.runtime.ray_setup import ACTOR_GONE, HeapTrimmer
 
 
 def start_tracing(trace: tuple[bool, int], role: str, index: int | None = None) -> None:
@@ -44,7 +45,6 @@ class ParameterServer(Traced):
         start_tracing(trace, "parameter_server")
         self.version = -1
         self.ref = None  # [ObjectRef]: wrapped in a list so Ray passes the ref, not the value
-        self.starts: dict[int, int] = {}
 
     def push(self, version: int, ref_box: list) -> None:
         if version > self.version:
@@ -57,12 +57,8 @@ class ParameterServer(Traced):
             return self.version, self.ref
         return None
 
-    def register_worker(self, worker_index: int) -> None:
-        """Called by every RolloutWorker start: a second start of the same index is a restart."""
-        self.starts[worker_index] = self.starts.get(worker_index, 0) + 1
-
-    def worker_restarts(self) -> int:
-        return sum(n - 1 for n in self.starts.values())
+    def pid(self) -> int:
+        return os.getpid()
 
 
 @ray.remote(num_cpus=0, enable_task_events=False)
@@ -124,7 +120,6 @@ class RolloutWorker(Traced):
     """Steps `env.num_envs` envs with batched inference; one fragment per `sample` call."""
 
     def __init__(self, cfg_dict: dict, worker_index: int, num_workers: int, ps):
-        ps.register_worker.remote(worker_index)  # first thing: a restart is counted even if we die in start-up
         from distrl.roles.factory import acting_policy
         from distrl.roles.rollout import Rollout
 
@@ -139,7 +134,8 @@ class RolloutWorker(Traced):
         self.last_return = None  # when the previous fragment left: the gap is idle + transfer
 
     def _pull(self, blocking: bool) -> None:
-        """Load newer weights; blocking in sync mode, overlapped with stepping in async."""
+        """Load newer weights; blocking in sync mode, overlapped with stepping in async. A parameter
+        server that is down (being restarted) costs this call its pull, not the worker its fragment."""
         t0 = time.perf_counter()
         if self.pending is None:
             self.pending = self.ps.pull_if_newer.remote(self.policy.version)
@@ -147,12 +143,19 @@ class RolloutWorker(Traced):
             ready, _ = ray.wait([self.pending], timeout=0)
             if not ready:
                 return
-        got, self.pending = ray.get(self.pending), None
+        try:
+            got = ray.get(self.pending)
+        except (*ACTOR_GONE, RayTaskError):
+            got = None
+        self.pending = None
         if got is not None:
             version, (ref,) = got
             with tracer().span("pull_weights", "transfer", version=version):
                 tracer().flow_in("weights", version)
-                self.policy.set_weights(ray.get(ref), version)
+                try:
+                    self.policy.set_weights(ray.get(ref), version)
+                except (*ACTOR_GONE, RayTaskError, ray.exceptions.ObjectLostError):
+                    pass  # the weights went with a dead parameter server: the next pull gets newer ones
         if not blocking:
             self.pending = self.ps.pull_if_newer.remote(self.policy.version)
         self.pull_s += time.perf_counter() - t0
@@ -201,8 +204,14 @@ class RayIO(LearnerIO):
         self.outstanding.append(self.ps.push.remote(version, [ray.put(weights)]))
 
     def flush(self) -> None:
-        refs, self.outstanding = self.outstanding, []  # cleared first: a dead replay server fails one flush
-        ray.get(refs)
+        """Wait for the priority writes and pushes; one lost to a dead replay or parameter server is
+        dropped (priorities go with the replay; the next publication reaches the restarted server)."""
+        refs, self.outstanding = self.outstanding, []
+        for ref in refs:
+            try:
+                ray.get(ref)
+            except (*ACTOR_GONE, RayTaskError):
+                pass
 
 
 @ray.remote(enable_task_events=False)
@@ -256,7 +265,10 @@ class Evaluator(Traced):
 
     def evaluate(self, env_steps: int) -> tuple[int, dict | None]:
         """(this process's id, the result): a new id tells the driver the actor was restarted."""
-        got = ray.get(self.ps.pull_if_newer.remote(self.version))
+        try:
+            got = ray.get(self.ps.pull_if_newer.remote(self.version))
+        except (*ACTOR_GONE, RayTaskError):
+            got = None  # the parameter server is being restarted: score the weights held
         if got is not None:
             with tracer().span("pull_weights", "transfer", version=got[0]):
                 tracer().flow_in("weights", got[0])

@@ -47,6 +47,10 @@ class Counters:
     evaluations: int = 0
     inserts: int = 0   # items stored (rate limiter)
     samples: int = 0   # items sampled by the learner (rate limiter)
+    updates_lost: int = 0  # updates a dead learner made after its newest checkpoint (redone, never double-counted)
+    nonfinite_updates: int = 0  # updates skipped: NaN or inf loss or gradient
+    nonfinite_streak: int = 0   # of those, in a row up to now
+    poisoned: bool = False      # the learner's weights went non-finite (not published or checkpointed)
     workers_blocked_s: float = 0.0  # wall time the driver held workers back (rate limiter or a full queue)
     learner_blocked_s: float = 0.0  # wall time the learner sat idle with no updates allowed
     best_eval: float = -math.inf

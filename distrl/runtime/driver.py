@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 from contextlib import nullcontext
 
@@ -9,13 +10,14 @@ import numpy as np
 
 from distrl.checkpoint import save_json
 from distrl.config import Config
-from distrl.core import Gathered, Roles, TrainStats, add_to_sums
+from distrl.core import NONFINITE, Gathered, Roles, TrainStats, add_to_sums
 from distrl.observe import MetricsLogger
 from distrl.observe.trace import tracer, write_trace
 from distrl.registry import on_policy
 from distrl.replay.store import fragments_per_update, make_rate_limiter
 from distrl.runtime.counters import Counters
 from distrl.runtime.snapshot import save_checkpoint
+from distrl.runtime.watch import RoleLost
 
 
 def _mean(xs) -> float | None:
@@ -32,6 +34,7 @@ class Driver:
         self.last_checkpoint = time.time()
         self.stop_requested: str | None = None
         self.failure: str | None = None
+        self.abort = False  # a second interrupt: wind down without waiting on anything
         self.on_policy = on_policy(cfg.algo)
         self.distributed = cfg.mode != "single"  # its gathers wait on other processes
         self.fpu = fragments_per_update(cfg)
@@ -75,6 +78,17 @@ class Driver:
         self.last_log_steps, self.last_log_updates = self.c.env_steps, self.c.updates
         reason = None
         tr = tracer()
+        try:
+            reason = self._loop(tr)
+        except RoleLost as e:  # a role could not come back: end here, with what can still be saved
+            self.failure, reason = f"stopped: {e}", "role_failure"
+        except KeyboardInterrupt:  # a second Ctrl-C or SIGTERM: end now
+            self.failure, reason = "stopped at once by a second interrupt", "interrupted"
+            self.abort = True
+        return self._finish(reason)
+
+    def _loop(self, tr) -> str:
+        reason = None
         while reason is None:
             allowed = self.sampling_allowed()
             with tr.span("gather" if allowed else "backpressure", "wait") if self.distributed else nullcontext():
@@ -93,7 +107,7 @@ class Driver:
                     self._log_row()
             if not reason and time.time() - self.last_checkpoint >= self.cfg.checkpoint.interval_s:
                 self._checkpoint()
-        return self._finish(reason)
+        return reason
 
     def _count_fragments(self, gathered: Gathered) -> None:
         self.c.fragments_dropped += gathered.failed
@@ -110,9 +124,15 @@ class Driver:
             self.c.late.append(gathered.late)
 
     def _count_training(self, stats: TrainStats) -> None:
+        if stats.rewound_to is not None:
+            self._rewind(stats.rewound_to)
+            return
         self.learner_starved = stats.starved
         self.c.updates += stats.updates
         self.c.consumed += stats.consumed
+        self.c.nonfinite_updates += stats.nonfinite
+        self.c.nonfinite_streak = stats.nonfinite_tail if stats.updates else self.c.nonfinite_streak + stats.nonfinite
+        self.c.poisoned |= stats.poisoned
         self.c.samples += stats.consumed * self.cfg.learner.batch_size
         self.c.dropped += stats.dropped
         self.c.version = max(self.c.version, stats.version)
@@ -122,6 +142,16 @@ class Driver:
         for k, (total, n) in stats.scalars.items():
             add_to_sums(self.c.learner_scalars, k, total, n)
         self.c.loss_n += stats.updates
+
+    def _rewind(self, updates: int) -> None:
+        """A restarted learner was restored to `updates`: what it did since is lost, and counted as such;
+        the rate limiter owes it those samples again, on the data gathered since."""
+        c = self.c
+        lost = max(0, c.updates - updates)
+        c.updates_lost += lost
+        c.updates, c.version = updates, min(c.version, updates)
+        c.consumed = max(0, c.consumed - lost)
+        c.samples = max(0, c.samples - lost * self.cfg.learner.batch_size)
 
     def _log_due(self) -> bool:
         every = self.cfg.log.interval_steps
@@ -159,6 +189,13 @@ class Driver:
             self.failure = (f"stopped: {self.c.worker_restarts} rollout-worker restarts exceed "
                             f"fault.max_worker_restarts={fault.max_worker_restarts}")
             return "worker_failures"
+        if self.c.poisoned:
+            self.failure = "stopped: the learner's weights hold a NaN or inf; they were never published or checkpointed"
+            return "nonfinite"
+        if self.c.nonfinite_streak >= fault.max_nonfinite_updates:
+            self.failure = (f"stopped: {self.c.nonfinite_streak} updates in a row had a NaN or inf loss or gradient "
+                            f"(fault.max_nonfinite_updates={fault.max_nonfinite_updates}); none changed the weights")
+            return "nonfinite"
         if self.c.env_errors > fault.max_env_errors:
             self.failure = f"stopped: {self.c.env_errors} env exceptions exceed fault.max_env_errors={fault.max_env_errors}"
             return "env_errors"
@@ -185,10 +222,11 @@ class Driver:
             "workers_ready_mean": _mean(c.ready), "workers_late_mean": _mean(c.late),
             "fragments_dropped": c.fragments_dropped, "worker_restarts": c.worker_restarts,
             "env_errors": c.env_errors, "gradients_dropped": c.dropped, "weight_version": c.version,
+            "nonfinite_updates": c.nonfinite_updates,
             "workers_blocked_frac": round((c.workers_blocked_s - self.blocked_at_log[0]) / dt, 3),
             "learner_blocked_frac": round((c.learner_blocked_s - self.blocked_at_log[1]) / dt, 3),
         }
-        learner = {k: total / n for k, (total, n) in sorted(c.learner_scalars.items()) if n}
+        learner = {k: total if k.startswith(NONFINITE) else total / n for k, (total, n) in sorted(c.learner_scalars.items()) if n}
         self.logger.row(row, learner)
         c.lags, c.ready, c.late, c.learner_scalars = [], [], [], {}
         c.loss_sum, c.loss_n = 0.0, 0
@@ -207,28 +245,59 @@ class Driver:
             time.sleep(0.002)
 
     def _finish(self, reason: str) -> dict:
-        if reason == "max_env_steps":
-            self._catch_up()
-        restarts = self.roles.restarts(exact=True)
+        """Wind down and write what the run leaves: a last log row, a checkpoint, the trace, summary.json.
+
+        After a fault each step is attempted and may fail on its own; after a second interrupt only
+        what takes no waiting is done, and the checkpoint only if it is written within seconds.
+        """
+        healthy = reason not in ("role_failure",) and not self.abort
+        try:
+            if healthy:
+                if reason == "max_env_steps":
+                    self._attempt(self._catch_up)
+                self._attempt(lambda: [self._count_training(s) for s in self.roles.train(0, final=True)])
+                if reason != "solved":  # a last score for runs that stopped early, so best_eval_return means something
+                    self._attempt(self._last_evaluation)
+        except KeyboardInterrupt:  # a second interrupt while winding down: skip the waiting
+            self.abort, healthy = True, False
+            self.failure = "stopped at once by a second interrupt"
+        restarts = self._attempt(lambda: self.roles.restarts(exact=healthy)) or self.roles.restarts()
         self.c.worker_restarts = restarts.workers
-        for stats in self.roles.train(0, final=True):
-            self._count_training(stats)
-        if reason != "solved":
-            # A last score for runs that stopped early, so best_eval_return means something.
-            if not self.roles.eval_busy() and self.c.updates > 0:
-                self.roles.submit_eval(self.c.env_steps, wait=True)
-            self._evaluate(block=True)
         self._log_row()
-        self._checkpoint()  # every stop leaves a resumable run
+        self._attempt(self._checkpoint, within_s=None if healthy else 5.0)  # a resumable run, whatever stopped it
         summary = self._summary(reason, restarts)
-        self._write_trace()
+        if not self.abort:
+            self._attempt(self._write_trace)
         save_json(os.path.join(self.run_dir, "summary.json"), summary)
         self.logger.close()
         return summary
 
+    def _last_evaluation(self) -> None:
+        if not self.roles.eval_busy() and self.c.updates > 0:
+            self.roles.submit_eval(self.c.env_steps, wait=True)
+        self._evaluate(block=True)
+
+    def _attempt(self, step, within_s: float | None = None):
+        """Run one wind-down step; a failure is recorded, not raised (the summary must still be written)."""
+        if within_s is not None:
+            thread = threading.Thread(target=self._attempt, args=(step,), daemon=True)
+            thread.start()
+            thread.join(within_s)
+            return None
+        try:
+            return step()
+        except Exception as e:  # noqa: BLE001 - a fault mid-way through the wind-down
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+            self.failure = self.failure or f"stopped: {first}"
+            return None
+
     def _checkpoint(self) -> None:
         with tracer().span("checkpoint", "checkpoint"):
-            self.checkpoint_s.append(save_checkpoint(self))
+            took = save_checkpoint(self)
+        if took is None:
+            self.c.poisoned = True  # the run stops at the next pass; the newest checkpoint is the last good one
+        else:
+            self.checkpoint_s.append(took)
         self.last_checkpoint = time.time()
 
     def _write_trace(self) -> None:
@@ -265,9 +334,11 @@ class Driver:
             "solved": c.solved_at is not None,
             "time_to_solve_s": round(c.solved_at, 3) if c.solved_at is not None else None,
             "stop_reason": reason, "evaluations": c.evaluations,
-            "gradients_dropped": c.dropped, "worker_restarts": restarts.workers,
+            "gradients_dropped": c.dropped, "nonfinite_updates": c.nonfinite_updates, "worker_restarts": restarts.workers,
             "fragments_dropped": c.fragments_dropped, "env_errors": c.env_errors,
             "evaluator_restarts": restarts.evaluator, "replay_restarts": restarts.replay,
+            "learner_restarts": restarts.learner, "parameter_server_restarts": restarts.parameter_server,
+            "workers_lost": restarts.workers_lost, "updates_lost": c.updates_lost,
             "failure": self.failure,
             "policy_lag": {"mean": float(lags.mean()), "p50": float(np.percentile(lags, 50)),
                            "p90": float(np.percentile(lags, 90)), "max": float(lags.max())},

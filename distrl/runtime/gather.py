@@ -9,9 +9,17 @@ from ray.exceptions import RayTaskError
 from distrl.runtime.ray_setup import ACTOR_GONE
 
 
-def collect(refs: list) -> tuple[list, list]:
-    """ray.get each ref; a failed worker call is reported, not raised."""
+class CallTimeout(Exception):
+    """A worker call outlived its time: the worker is treated as failed."""
+
+
+def collect(refs: list, timeout_s: float | None = None) -> tuple[list, list]:
+    """ray.get each ref; a failed worker call, or one not done within `timeout_s`, is reported, not raised."""
     ok, failed = [], []
+    if timeout_s is not None and refs:
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        failed = [(ref, CallTimeout(f"no fragment within {timeout_s:.0f} s")) for ref in refs if ref not in done]
+        refs = done
     for ref in refs:
         try:
             ok.append((ref, ray.get(ref)))
@@ -25,8 +33,9 @@ class SyncGather:
 
     waits_for_learner = True
 
-    def __init__(self, workers):
+    def __init__(self, workers, timeout_s: float):
         self.workers = workers
+        self.timeout_s = timeout_s  # a worker silent for this long counts as failed
         self.held: set[int] = set()  # restarting workers: skipped until healthy
 
     def release(self, i: int) -> None:
@@ -41,7 +50,7 @@ class SyncGather:
             if i not in self.held:
                 info_ref, data_ref = w.sample.remote(True)
                 calls[info_ref] = (i, data_ref)
-        ok, failed = collect(list(calls))
+        ok, failed = collect(list(calls), self.timeout_s)
         failed_workers = [(calls[ref][0], e) for ref, e in failed]
         self.held.update(i for i, _ in failed_workers)
         return [(info, calls[ref][1]) for ref, info in ok], failed_workers, len(ok), 0

@@ -3,12 +3,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import threading
 import time
 
-from distrl.checkpoint.run import restore_global_rng
-from distrl.config import Config, dump_yaml
+from distrl.checkpoint.lock import RunDirLock
+from distrl.checkpoint.run import load_latest, restore_global_rng
+from distrl.config import Config, ConfigError, apply_overrides, dump_yaml, from_dict, to_dict
+from distrl.observe.repair import repair_logs
 from distrl.core import Roles
 from distrl.runtime.counters import Counters, counters_from_meta
 from distrl.runtime.driver import Driver
@@ -26,32 +29,90 @@ def make_roles(cfg: Config, run_dir: str, start_time: float, address: str | None
 
 
 def run_training(cfg: Config, run_dir: str, start_time: float, address: str | None = None) -> dict:
-    """Write config.yaml, start the roles, drive them to a stop, write summary.json."""
-    os.makedirs(os.path.join(run_dir, "checkpoints"), exist_ok=True)
-    with open(os.path.join(run_dir, "config.yaml"), "w") as fh:
-        fh.write(dump_yaml(cfg))
-    roles = make_roles(cfg, run_dir, start_time, address)
-    return _drive(Driver(cfg, roles, run_dir, start_time), roles)
+    """Claim the run dir, start the roles, only then write config.yaml; drive them to a stop.
+
+    A start-up failure (an unreachable cluster, an env that fails to build in a worker) leaves no
+    run dir behind when this call created it, and a half-claimed one never.
+    """
+    created = not os.path.exists(run_dir)
+    os.makedirs(run_dir, exist_ok=True)
+    lock = None
+    try:
+        lock = RunDirLock(run_dir).acquire()
+        roles = make_roles(cfg, run_dir, start_time, address)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        if created:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+    try:
+        with open(os.path.join(run_dir, "config.yaml"), "w") as fh:
+            fh.write(dump_yaml(cfg))
+        return _drive(Driver(cfg, roles, run_dir, start_time), roles)
+    finally:
+        lock.release()
 
 
-def resume_training(cfg: Config, run_dir: str, ckpt_path: str, state: dict, address: str | None = None) -> dict:
-    """Continue a run from a checkpoint as if it had never stopped (wall time included)."""
-    counters: Counters = counters_from_meta(state["meta"]["counters"])
-    start = time.time() - state["meta"]["wall_s"]
-    eval_resume = {"evaluations": counters.evaluations, "best": counters.best_eval}
-    roles = make_roles(cfg, run_dir, start, address, eval_resume)
-    roles.set_state(state)
-    restore_global_rng(state)
-    with open(os.path.join(run_dir, "resumes.jsonl"), "a") as fh:
-        fh.write(json.dumps({"checkpoint": ckpt_path, "env_steps": counters.env_steps, "updates": counters.updates,
-                             "store_sha256": roles.store_digest(),
-                             "resumed_at_wall_s": state["meta"]["wall_s"]}) + "\n")
-    return _drive(Driver(cfg, roles, run_dir, start, counters), roles)
+# What a resume may change: how long and how the run goes on, not what the checkpoint's state is.
+RESUMABLE = ("stop.", "log.", "eval.", "checkpoint.", "fault.", "async.", "workers", "mode", "device",
+             "learner.batches_per_call", "learner.publish_interval", "replay.samples_per_insert",
+             "replay.error_buffer", "replay.beta_steps")
+
+
+def resume_config(ckpt_config: dict, overrides: list[str]) -> Config:
+    """The checkpoint's config with `overrides`; ConfigError for an override the checkpoint cannot take."""
+    before = flatten(ckpt_config)
+    after = flatten(to_dict(from_dict(apply_overrides(json.loads(json.dumps(ckpt_config)), overrides))))
+    for key in sorted(set(before) | set(after)):
+        if before.get(key) != after.get(key) and not key.startswith(RESUMABLE):
+            raise ConfigError(f"config key '{key}' cannot change on resume: the checkpoint holds state built "
+                              f"with {before.get(key)!r}, the override asks for {after.get(key)!r}")
+    return from_dict(apply_overrides(json.loads(json.dumps(ckpt_config)), overrides))
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and k != "kwargs":
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[prefix + k] = v
+    return out
+
+
+def resume_run(run_dir: str, overrides: list[str], address: str | None, validate) -> dict:
+    """Continue a run from its newest verified checkpoint as if it had never stopped (wall time included)."""
+    lock = RunDirLock(run_dir).acquire()  # a live run is refused before anything is read or written
+    try:
+        ckpt_path, state = load_latest(run_dir)
+        cfg = resume_config(state["meta"]["config"], overrides)
+        validate(cfg)
+        counters: Counters = counters_from_meta(state["meta"]["counters"])
+        start = time.time() - state["meta"]["wall_s"]
+        roles = make_roles(cfg, run_dir, start, address, {"evaluations": counters.evaluations, "best": counters.best_eval})
+        try:
+            roles.set_state(state)
+        except Exception as e:  # noqa: BLE001 - whatever the roles raise, the user changed what they restore
+            roles.close()
+            raise ConfigError(f"the checkpoint {ckpt_path} cannot be restored with this config: "
+                              f"{str(e).splitlines()[0][:200]}") from None
+        restore_global_rng(state)
+        cut = repair_logs(run_dir, state["meta"]["wall_s"])
+        with open(os.path.join(run_dir, "resumes.jsonl"), "a") as fh:
+            fh.write(json.dumps({"checkpoint": ckpt_path, "env_steps": counters.env_steps, "updates": counters.updates,
+                                 "store_sha256": roles.store_digest(), "rows_cut": cut,
+                                 "resumed_at_wall_s": state["meta"]["wall_s"]}) + "\n")
+        return _drive(Driver(cfg, roles, run_dir, start, counters), roles)
+    finally:
+        lock.release()
 
 
 def _drive(driver: Driver, roles: Roles) -> dict:
-    def on_signal(signum, frame):  # finish cleanly: checkpoint, summary and files still written
-        driver.stop_requested = "interrupted"
+    def on_signal(signum, frame):
+        if driver.stop_requested:  # the second one: stop now (Driver.run winds down without waiting)
+            raise KeyboardInterrupt
+        driver.stop_requested = "interrupted"  # the first: finish cleanly, checkpoint and summary written
 
     main_thread = threading.current_thread() is threading.main_thread()
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)} if main_thread else {}

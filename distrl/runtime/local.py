@@ -127,7 +127,8 @@ class LocalRoles(Roles):
     def set_state(self, state: RunState) -> None:
         if state["store"] is not None:
             self.experience.load(state["store"])
-        self.rollout.set_state(state["workers"][0])
+        if state["workers"] and state["workers"][0] is not None:
+            self.rollout.set_state(state["workers"][0])
         self.loop.set_state(state["learner"])
 
     def store_digest(self) -> str | None:

@@ -3,26 +3,51 @@ from __future__ import annotations
 
 import ctypes
 import os
+import socket
 import time
 
 import ray
 from ray.exceptions import ActorUnavailableError, RayActorError
+
+from distrl.config import ConfigError
 
 ACTOR_GONE = (RayActorError, ActorUnavailableError)  # dead, or being restarted by Ray
 
 
 def init_ray(address: str | None) -> None:
     """Join `address`, or start Ray embedded: loopback only, no dashboard."""
+    if address:
+        _check_reachable(address)
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     if address:
-        ray.init(address=address, log_to_driver=True)
+        try:
+            ray.init(address=address, log_to_driver=True)
+        except (ConnectionError, RuntimeError, ValueError, TimeoutError) as e:
+            raise ConfigError(f"--address {address}: cannot join a Ray cluster there ({_first_line(e)})") from None
     else:
         # Embedded, we place every actor ourselves (they ask for no CPUs: see RayRoles), so one
         # Ray instance serves runs of any worker count.
         ray.init(address="local", num_cpus=os.cpu_count() or 1, include_dashboard=False,
                  _node_ip_address="127.0.0.1", log_to_driver=True, configure_logging=False)
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """A host:port address must answer a TCP connect: Ray itself retries an unreachable one for minutes."""
+    if address in ("auto", "local") or "://" in address:
+        return
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"--address {address}: expected auto, ray://host:port or host:port")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise ConfigError(f"--address {address}: no Ray cluster answers there ({e.strerror or e})") from None
 
 
 def heap_runtime_env() -> dict:

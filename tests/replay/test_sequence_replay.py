@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from distrl.checkpoint.run import _join_store
+from distrl.checkpoint.read import _join_store
 from distrl.checkpoint.store_file import save_store
 from distrl.replay.sequence_replay import SequenceReplay
 from distrl.replay.sequences import SequenceAdder, chunks_per_item

@@ -25,7 +25,7 @@ def test_learner_and_replay_server_run_on_jemalloc_and_only_the_learner_loads_to
     roles = RayRoles(cfg, str(tmp_path), 0.0)
     try:
         assert _maps_jemalloc(ray.get(roles.learner.pid.remote()))
-        assert _maps_jemalloc(roles.replay_pid)
+        assert _maps_jemalloc(roles.watch.pids["replay"])
         assert not _maps_jemalloc(roles.worker_pids()[0])
         # Only the learner loads torch: workers and the evaluator act in numpy, and taking a
         # checkpoint (every role's state, the replay written by its server) loads it nowhere else.
@@ -36,7 +36,7 @@ def test_learner_and_replay_server_run_on_jemalloc_and_only_the_learner_loads_to
         state["store"](str(tmp_path))
         assert state["workers"][0]["env_steps"] > 0
         assert _maps(ray.get(roles.learner.pid.remote()), "libtorch_cpu")
-        for pid in (roles.worker_pids()[0], ray.get(roles.evaluator.pid.remote()), roles.replay_pid):
+        for pid in (roles.worker_pids()[0], ray.get(roles.evaluator.pid.remote()), roles.watch.pids["replay"]):
             assert not _maps(pid, "libtorch_cpu"), pid
     finally:
         roles.close()

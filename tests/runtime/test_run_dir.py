@@ -1,0 +1,136 @@
+"""One writer per run dir, resumes that repair what a dead run left, and interrupts that end a run."""
+import csv
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from distrl import resume, train
+from distrl.cli import main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CARTPOLE = os.path.join(ROOT, "configs", "apex_dqn_cartpole.yaml")
+QUIET = ["log.progress=false", "log.tensorboard=false", "eval.target_return=null"]
+
+
+def start_training(run_dir, *extra):
+    return subprocess.Popen([sys.executable, "-m", "distrl.cli", "train", CARTPOLE, "--mode", "single",
+                             "--run-dir", run_dir, "--max-seconds", "120", *sum((["--set", q] for q in QUIET), []),
+                             *extra], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(cond, timeout=60):
+    deadline = time.time() + timeout
+    while time.time() < deadline and not cond():
+        time.sleep(0.1)
+    assert cond()
+
+
+def checkpoints(run_dir):
+    return sorted(p for p in glob.glob(os.path.join(run_dir, "checkpoints", "ckpt-*")) if os.path.exists(p + "/DONE"))
+
+
+def test_a_live_run_dir_is_refused_to_a_second_train_and_to_resume(tmp_path, capsys):
+    run_dir = str(tmp_path / "run")
+    live = start_training(run_dir, "--set", "checkpoint.interval_s=1")
+    try:
+        wait_for(lambda: checkpoints(run_dir))
+        assert main(["train", CARTPOLE, "--mode", "single", "--run-dir", run_dir]) == 2
+        assert "already holds a run" in capsys.readouterr().err
+        assert main(["resume", run_dir]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"is in use by another distrl process (pid {live.pid})" in err[0]
+    finally:
+        live.kill()
+        live.wait()
+
+
+def test_default_run_dirs_of_runs_started_together_differ():
+    from distrl.api import default_run_dir
+    from distrl.config import load_config
+
+    cfg = load_config(CARTPOLE, ["seed=3"])
+    names = {default_run_dir(cfg) for _ in range(50)}
+    assert len(names) == 50 and all("seed3" in n for n in names)
+
+
+def test_a_second_interrupt_ends_the_run_at_once_and_one_sigterm_ends_it_cleanly(tmp_path):
+    for name, signals, status in (("twice", [signal.SIGINT, signal.SIGINT], 130), ("term", [signal.SIGTERM], 130)):
+        run_dir = str(tmp_path / name)
+        proc = start_training(run_dir)
+        wait_for(lambda: os.path.exists(os.path.join(run_dir, "metrics.csv")))
+        time.sleep(1.0)
+        t0 = time.time()
+        for sig in signals:
+            proc.send_signal(sig)
+            time.sleep(0.05)
+        assert proc.wait(timeout=30) == status
+        assert time.time() - t0 < 20
+        summary = json.load(open(os.path.join(run_dir, "summary.json")))
+        assert summary["stop_reason"] == "interrupted"
+        assert "Traceback" not in proc.stderr.read()
+
+
+@pytest.fixture(scope="module")
+def killed_run(tmp_path_factory):
+    """A single-mode run SIGKILLed after two checkpoints: its logs run past the newest one."""
+    run_dir = str(tmp_path_factory.mktemp("killed") / "run")
+    proc = start_training(run_dir, "--set", "checkpoint.interval_s=1", "--set", "log.interval_s=0.2")
+    wait_for(lambda: len(checkpoints(run_dir)) >= 2)
+    time.sleep(0.7)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    return run_dir
+
+
+def copy_run(src, dst):
+    import shutil
+
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns(".lock"))
+    return dst
+
+
+def test_resume_cuts_the_logs_back_to_the_checkpoint_and_drops_a_half_line(killed_run, tmp_path):
+    run_dir = copy_run(killed_run, str(tmp_path / "run"))
+    with open(os.path.join(run_dir, "metrics.csv"), "a") as fh:
+        fh.write("99999.0,12")  # a line the dying process never finished
+    meta = json.load(open(checkpoints(run_dir)[-1] + "/meta.json"))
+    steps = meta["counters"]["env_steps"]
+    summary = resume(run_dir, overrides=[f"stop.max_env_steps={steps + 2000}"])
+    rows = list(csv.DictReader(open(os.path.join(run_dir, "metrics.csv"))))
+    env_steps = [int(r["env_steps"]) for r in rows]
+    assert env_steps == sorted(env_steps) and env_steps[-1] == summary["env_steps"]  # no step repeats
+    assert all(len(r) == len(rows[0]) and None not in r.values() for r in rows)
+    learner = [json.loads(line) for line in open(os.path.join(run_dir, "learner.jsonl"))]
+    assert [r["env_steps"] for r in learner] == sorted(r["env_steps"] for r in learner)
+    log = json.loads(open(os.path.join(run_dir, "resumes.jsonl")).read().splitlines()[-1])
+    assert log["rows_cut"]["metrics.csv"] >= 1
+
+
+def test_resume_falls_back_from_a_tampered_newest_checkpoint(killed_run, tmp_path, capsys):
+    run_dir = copy_run(killed_run, str(tmp_path / "run"))
+    older, newest = checkpoints(run_dir)[-2:]
+    with open(os.path.join(newest, "learner.pt"), "r+b") as fh:
+        fh.seek(100)
+        fh.write(b"\x00tampered")
+    steps = json.load(open(older + "/meta.json"))["counters"]["env_steps"]
+    resume(run_dir, overrides=[f"stop.max_env_steps={steps + 1000}"])
+    assert f"falling back to {older}" in capsys.readouterr().err
+    log = json.loads(open(os.path.join(run_dir, "resumes.jsonl")).read().splitlines()[-1])
+    assert log["checkpoint"] == older and log["env_steps"] == steps
+
+
+@pytest.mark.parametrize("override, key", [("replay.capacity=5000", "replay.capacity"),
+                                           ("apex_dqn.hidden=[32, 32]", "apex_dqn.hidden")])
+def test_an_override_the_checkpoint_cannot_take_is_one_line_exit_2(killed_run, tmp_path, capsys, override, key):
+    run_dir = copy_run(killed_run, str(tmp_path / "run"))
+    before = open(os.path.join(run_dir, "metrics.csv")).read()
+    assert main(["resume", run_dir, "--set", override]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"config key '{key}' cannot change on resume" in err[0]
+    assert open(os.path.join(run_dir, "metrics.csv")).read() == before  # nothing was touched
