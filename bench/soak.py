@@ -1,6 +1,7 @@
-"""Memory soak: RSS of every role over a long async run, and the cost of a 1M-transition checkpoint.
+"""Memory soak: RSS of every role over a long async run with a Learner and a ParameterServer SIGKILLed
+inside it, that nothing was lost, and the cost of a 1M-transition checkpoint.
 
-    python -m bench.soak [--minutes 30] [--config configs/apex_dqn_cartpole.yaml]
+    python -m bench.soak [--minutes 30] [--config configs/apex_dqn_cartpole.yaml] [--no-kills]
 
 Growth per role = (end - after warm-up) / after warm-up, warm-up being the
 first quarter of the run (the replay fills, allocators settle); each end is the
@@ -83,7 +84,34 @@ def checkpoint_cost(transitions: int = 1_000_000) -> dict:
             "write_s": round(t1 - t0, 3), "read_s": round(t2 - t1, 3)}
 
 
-def soak(config: str, minutes: float, interval_s: float = 10.0) -> dict:
+KILLS = {0.10: "Learner", 0.15: "ParameterServer"}  # (fraction of the run, role): before warm-up ends at 0.25
+
+
+def kill_role(name: str) -> int | None:
+    pids = role_pids().get(name) or []
+    if pids:
+        os.kill(pids[0], signal.SIGKILL)
+    return pids[0] if pids else None
+
+
+def nothing_lost(run_dir: str) -> dict:
+    """The final checkpoint against summary.json: counters equal, and the replay it holds hashes as recorded."""
+    import json
+
+    from distrl.checkpoint.run import load_latest
+    from distrl.replay.store import digest
+
+    summary = json.load(open(os.path.join(run_dir, "summary.json")))
+    path, state = load_latest(run_dir)
+    counters = state["meta"]["counters"]
+    return {"checkpoint": path, "summary_env_steps": summary["env_steps"], "checkpoint_env_steps": counters["env_steps"],
+            "summary_updates": summary["updates"], "checkpoint_updates": counters["updates"],
+            "store_sha256_recorded": state["meta"]["store_sha256"], "store_sha256_read": digest(state["store"]),
+            "learner_restarts": summary["learner_restarts"], "parameter_server_restarts": summary["parameter_server_restarts"],
+            "updates_lost": summary["updates_lost"], "failure": summary["failure"]}
+
+
+def soak(config: str, minutes: float, interval_s: float = 10.0, kills: bool = True) -> dict:
     run_dir = tempfile.mkdtemp(prefix="soak-")
     os.rmdir(run_dir)
     cmd = [sys.executable, "-m", "distrl.cli", "train", config, "--mode", "async", "--run-dir", run_dir,
@@ -91,10 +119,16 @@ def soak(config: str, minutes: float, interval_s: float = 10.0) -> dict:
            "--set", "log.progress=false", "--set", "eval.interval_s=5"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     samples = []  # (t, {role: total MB})
+    pending = dict(KILLS) if kills else {}
+    killed = []
     t_start = time.time()
     try:
         while time.time() - t_start < minutes * 60 and proc.poll() is None:
             time.sleep(interval_s)
+            for frac, name in sorted(pending.items()):
+                if time.time() - t_start >= frac * minutes * 60:
+                    killed.append((round(time.time() - t_start, 1), name, kill_role(name)))
+                    del pending[frac]
             pids = role_pids()
             row = {role: total_mb(ps) for role, ps in pids.items()}
             row["driver"] = total_mb([proc.pid])
@@ -103,7 +137,8 @@ def soak(config: str, minutes: float, interval_s: float = 10.0) -> dict:
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=120)
-    return {"minutes": minutes, "samples": samples, "growth": growth(samples, minutes * 60 / 4)}
+    return {"minutes": minutes, "samples": samples, "killed": killed, "growth": growth(samples, minutes * 60 / 4),
+            "nothing_lost": nothing_lost(run_dir)}
 
 
 def growth(samples: list, warm_t: float, window: int = 6) -> dict:
@@ -125,10 +160,12 @@ def main() -> None:
     ap.add_argument("--minutes", type=float, default=30.0)
     ap.add_argument("--config", default=os.path.join(ROOT, "configs", "apex_dqn_cartpole.yaml"))
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "soak.json"))
+    ap.add_argument("--no-kills", action="store_true", help="no Learner / ParameterServer kill inside the run")
     args = ap.parse_args()
     results = {"hardware": hardware(), "checkpoint": checkpoint_cost()}
     print(results["checkpoint"], flush=True)
-    results.update(soak(args.config, args.minutes))
+    results.update(soak(args.config, args.minutes, kills=not args.no_kills))
+    print(results["killed"], results["nothing_lost"], flush=True)
     write_json(args.out, results)
     print("| role | RSS after warm-up → end (MB) | RSS growth | private after warm-up → end (MB) | private growth"
           " | object-store pages after warm-up → end (MB) |\n|---|---|---|---|---|---|")
