@@ -49,11 +49,23 @@ def total_mb(pids: list[int]) -> dict[str, float]:
     return {kind: round(sum(m[kind] for m in per_pid), 1) for kind in KINDS.values()}
 
 
-def role_pids() -> dict[str, list[int]]:
+def _descends_from(pid: int, root: int) -> bool:
+    while pid > 1:
+        if pid == root:
+            return True
+        try:
+            pid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+    return False
+
+
+def role_pids(root: int | None = None) -> dict[str, list[int]]:
+    """Each role's processes; with `root`, only those started by that run (Ray's processes descend from it)."""
     out = {}
     for role in ROLES:
         res = subprocess.run(["pgrep", "-f", f"ray::{role}"], capture_output=True, text=True).stdout
-        out[role] = sorted(int(p) for p in res.split())
+        out[role] = sorted(int(p) for p in res.split() if root is None or _descends_from(int(p), root))
     return out
 
 
@@ -87,8 +99,8 @@ def checkpoint_cost(transitions: int = 1_000_000) -> dict:
 KILLS = {0.10: "Learner", 0.15: "ParameterServer"}  # (fraction of the run, role): before warm-up ends at 0.25
 
 
-def kill_role(name: str) -> int | None:
-    pids = role_pids().get(name) or []
+def kill_role(name: str, root: int) -> int | None:
+    pids = role_pids(root).get(name) or []
     if pids:
         os.kill(pids[0], signal.SIGKILL)
     return pids[0] if pids else None
@@ -127,9 +139,9 @@ def soak(config: str, minutes: float, interval_s: float = 10.0, kills: bool = Tr
             time.sleep(interval_s)
             for frac, name in sorted(pending.items()):
                 if time.time() - t_start >= frac * minutes * 60:
-                    killed.append((round(time.time() - t_start, 1), name, kill_role(name)))
+                    killed.append((round(time.time() - t_start, 1), name, kill_role(name, proc.pid)))
                     del pending[frac]
-            pids = role_pids()
+            pids = role_pids(proc.pid)
             row = {role: total_mb(ps) for role, ps in pids.items()}
             row["driver"] = total_mb([proc.pid])
             samples.append((round(time.time() - t_start, 1), row))
