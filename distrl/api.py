@@ -28,10 +28,10 @@ def host_worker_limit() -> int:
 def validate(cfg: Config, address: str | None = None) -> None:
     """Everything about a config that can be checked before a run dir exists (`address`: a cluster to join)."""
     from distrl.envs import EnvError, check_env
-    from distrl.registry import algorithm_class, data_path
+    from distrl.registry import algorithm_class, data_path, multi_agent
 
     try:
-        spec = check_env(cfg.env.id, cfg.env.kwargs)
+        spec = _check_multiagent_env(cfg) if multi_agent(cfg.algo) else check_env(cfg.env.id, cfg.env.kwargs)
     except EnvError as e:
         raise ConfigError(str(e)) from None
     algo = algorithm_class(cfg.algo)
@@ -54,6 +54,27 @@ def validate(cfg: Config, address: str | None = None) -> None:
         raise ConfigError(f"config key 'workers': {cfg.workers} workers cannot run on this machine without a "
                           f"cluster; it can host {limit} ({WORKERS_PER_CORE} per core, within free memory). "
                           "Use fewer, or --address to join a Ray cluster")
+
+
+def _check_multiagent_env(cfg: Config):
+    """Build the multi-agent env, reset it and take one step: its one-agent spec, or EnvError."""
+    import numpy as np
+
+    from distrl.core import EnvSpec
+    from distrl.envs import EnvError
+    from distrl.envs.multiagent import make_multiagent_env
+
+    env = make_multiagent_env(cfg.env.id, cfg.env.kwargs)
+    try:
+        env.reset(seed=0)
+        env.step(np.zeros(env.num_agents, np.int64))
+        return EnvSpec(env.observation_space, env.action_space)
+    except EnvError:
+        raise
+    except Exception as e:  # noqa: BLE001 - whatever the env raises, its config made it
+        raise EnvError(f"config key 'env.kwargs': {cfg.env.id} fails on reset or step: {' '.join(str(e).split())[:200]}") from None
+    finally:
+        env.close()
 
 
 def _check_device(device: str) -> None:
@@ -141,7 +162,8 @@ def evaluate(run_dir: str, episodes: int = 20, seed: int = 12345) -> dict[str, A
     import numpy as np
 
     from distrl.checkpoint import load_weights
-    from distrl.roles.evaluation import play_greedy
+    from distrl.registry import multi_agent
+    from distrl.roles.evaluation import episode_metrics, play_greedy
     from distrl.roles.factory import acting_policy
 
     if episodes < 1:
@@ -150,6 +172,6 @@ def evaluate(run_dir: str, episodes: int = 20, seed: int = 12345) -> dict[str, A
     weights, meta = load_weights(os.path.join(run_dir, "checkpoints", "best.safetensors"))
     policy = acting_policy(cfg, -1, 1)
     policy.set_weights(weights, int(meta.get("version", 0)))
-    returns = play_greedy(policy, cfg.env.id, episodes, seed, cfg.env.kwargs)
+    returns, infos = play_greedy(policy, cfg.env.id, episodes, seed, cfg.env.kwargs, multi_agent=multi_agent(cfg.algo))
     return {"env": cfg.env.id, "returns": returns.tolist(), "mean": float(np.mean(returns)),
-            "std": float(np.std(returns)), "version": meta.get("version")}
+            "std": float(np.std(returns)), "version": meta.get("version"), "metrics": episode_metrics(infos)}

@@ -4,6 +4,7 @@ from distrl.registry import make_policy
 from distrl.algos.apex_dqn import ApexDQN
 from distrl.config import load_config
 from distrl.envs import env_spec
+from distrl.envs import VectorEnv
 from distrl.roles.rollout import Rollout
 
 
@@ -13,7 +14,7 @@ def make_rollout(seed=0, worker=0, num_envs=4, T=64):
     policy = make_policy(algo.cfg, algo.spec, worker, 2)
     learner = algo.make_learner("cpu")
     policy.set_weights(learner.get_weights(), 0)
-    return Rollout(policy, "CartPole-v1", num_envs, T, seed + worker, worker)
+    return Rollout(policy, VectorEnv("CartPole-v1", num_envs, seed + worker), T, worker)
 
 
 def test_fragment_is_one_dict_of_arrays_tagged_with_worker_and_version():

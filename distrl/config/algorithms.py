@@ -62,7 +62,7 @@ class R2D2Config:
 
 @dataclass
 class DHCConfig:
-    encoder: list = f([32, 32], "conv channels over a field-of-view observation (3x3 kernels), or MLP sizes for flat ones", item_lo=1)
+    encoder: list = f([32, 32], "conv channels over a field-of-view observation (3x3 kernels; [] = one linear layer over the flattened view), or MLP sizes for flat ones", item_lo=1, min_items=0)
     core_size: int = f(64, "GRU state size per agent", lo=1)
     comm: bool = f(True, "exchange messages between agents (off: independent parameter-shared agents)")
     comm_heads: int = f(2, "attention heads of the communication block", lo=1)

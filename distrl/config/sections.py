@@ -61,6 +61,7 @@ class LearnerConfig:
 @dataclass
 class EvalConfig:
     target_return: float | None = f(None, "mean greedy return that ends the run as solved (null = never)")
+    target_success: float | None = f(None, "multi-agent: success rate (all agents on goal) that ends the run as solved (null = never)", lo=0.0, hi=1.0)
     episodes: int = f(20, "greedy episodes per evaluation", lo=1, hi=10_000)
     interval_s: float = f(1.0, "seconds between evaluations", lo=0.0)
     interval_steps: int | None = f(None, "evaluate every this many env steps instead, waiting for the result (deterministic runs)", lo=1)

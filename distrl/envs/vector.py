@@ -31,6 +31,14 @@ class VectorEnv:
         self.env_errors = 0
         self.errored = np.zeros(num_envs, bool)  # which envs raised during the last step
 
+    def rng_states(self) -> list[dict]:
+        """Each env's RNG state (JSON-exact), for a worker's checkpoint."""
+        return [env.unwrapped.np_random.bit_generator.state for env in self.envs]
+
+    def set_rng_states(self, states: list[dict]) -> None:
+        for env, state in zip(self.envs, states):
+            env.unwrapped.np_random.bit_generator.state = state
+
     def reset_all(self) -> None:
         """Start a fresh episode in every env (without reseeding: RNG state carries on)."""
         self.obs = np.stack([env.reset()[0] for env in self.envs]).astype(self.obs.dtype, copy=False)

@@ -9,7 +9,7 @@ import sys
 
 METRIC_COLUMNS = [
     "wall_s", "env_steps", "updates", "episodes", "env_steps_per_s", "updates_per_s",
-    "train_return_mean", "eval_return_mean", "eval_return_std", "best_eval_return",
+    "train_return_mean", "eval_return_mean", "eval_return_std", "eval_success_rate", "best_eval_return",
     "policy_lag_mean", "policy_lag_max", "loss", "workers_ready_mean", "workers_late_mean",
     "fragments_dropped", "worker_restarts", "env_errors", "gradients_dropped", "weight_version",
     "nonfinite_updates", "workers_blocked_frac", "learner_blocked_frac",

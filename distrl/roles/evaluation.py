@@ -9,19 +9,21 @@ import numpy as np
 
 from distrl.checkpoint import save_json, save_weights
 from distrl.core import Policy, Weights
-from distrl.envs import VectorEnv
+from distrl.registry import multi_agent
 from distrl.observe.trace import tracer
-from distrl.roles.factory import acting_policy
+from distrl.roles.factory import acting_policy, make_vector_env
 
 EVAL_SEED_OFFSET = 10_000
 
 
 def play_greedy(policy: Policy, env_id: str, episodes: int, seed: int, env_kwargs: dict | None = None,
-                max_steps: int = 1_000_000) -> np.ndarray:
-    """Returns of `episodes` greedy episodes, one env each, with batched inference."""
-    envs = VectorEnv(env_id, episodes, seed, env_kwargs)
+                max_steps: int = 1_000_000, multi_agent: bool = False) -> tuple[np.ndarray, list[dict]]:
+    """Returns of `episodes` greedy episodes, one env each, with batched inference, and each episode's
+    metrics (multi-agent envs report them: success, makespan, ...; gymnasium ones none)."""
+    envs = make_vector_env(env_id, episodes, seed, env_kwargs, multi_agent)
     policy.episodes_ended(np.ones(episodes, bool))  # each greedy episode starts from a fresh state
     returns = np.full(episodes, np.nan)
+    infos: list[dict] = [{} for _ in range(episodes)]
     running = np.ones(episodes, bool)
     try:
         for _ in range(max_steps):
@@ -33,12 +35,23 @@ def play_greedy(policy: Policy, env_id: str, episodes: int, seed: int, env_kwarg
             done_now = running & (term | trunc) & ~envs.errored
             if done_now.any():
                 returns[done_now] = envs.episode_return_at_end[done_now]
+                for i in np.flatnonzero(done_now):
+                    infos[i] = dict(getattr(envs, "episode_info", infos)[i])
                 running &= ~done_now
             if not running.any():
                 break
     finally:
         envs.close()
-    return returns
+    return returns, infos
+
+
+def episode_metrics(infos: list[dict]) -> dict[str, float]:
+    """Means over episodes of the numeric metrics they reported; `success` becomes `success_rate`."""
+    keys = sorted({k for info in infos for k, v in info.items() if isinstance(v, (int, float)) and k != "return_mean"})
+    out = {k: float(np.mean([info[k] for info in infos if k in info])) for k in keys}
+    if "success" in out:
+        out["success_rate"] = out.pop("success")
+    return out
 
 
 def _saved_best(run_dir: str) -> float:
@@ -69,15 +82,15 @@ class Evaluation:
     def _evaluate(self, weights: Weights, version: int, env_steps: int) -> dict:
         self.policy.set_weights(weights, version)
         seed = self.cfg.seed + EVAL_SEED_OFFSET + self.evaluations * self.cfg.eval.episodes
-        rets = play_greedy(self.policy, self.cfg.env.id, self.cfg.eval.episodes, seed, self.cfg.env.kwargs)
+        rets, infos = play_greedy(self.policy, self.cfg.env.id, self.cfg.eval.episodes, seed, self.cfg.env.kwargs,
+                                  multi_agent=multi_agent(self.cfg.algo))
         self.evaluations += 1
         now = time.time()
         mean = float(np.mean(rets))
-        target = self.cfg.eval.target_return
+        metrics = episode_metrics(infos)
         result = {"version": version, "env_steps": env_steps, "return_mean": mean,
                   "return_std": float(np.std(rets)), "episodes": len(rets),
-                  "time_s": now - self.start_time,
-                  "solved": target is not None and mean >= target}
+                  "time_s": now - self.start_time, "metrics": metrics, "solved": self._solved(mean, metrics)}
         if mean > self.best:
             self.best = mean
             ckpt = os.path.join(self.run_dir, "checkpoints")
@@ -85,6 +98,14 @@ class Evaluation:
             save_json(os.path.join(ckpt, "best.json"), result)
         result["best_return"] = self.best
         return result
+
+
+    def _solved(self, mean: float, metrics: dict) -> bool:
+        """Every target that is set is reached (and at least one is set)."""
+        ev = self.cfg.eval
+        targets = [(ev.target_return, mean), (ev.target_success, metrics.get("success_rate"))]
+        set_ = [(t, v) for t, v in targets if t is not None]
+        return bool(set_) and all(v is not None and v >= t for t, v in set_)
 
 
 def make_evaluation(cfg, run_dir: str, start_time: float, resume: dict | None = None) -> Evaluation:

@@ -7,17 +7,18 @@ import time
 import numpy as np
 
 from distrl.core import Fragment, FragmentInfo, Policy, Trajectory
-from distrl.envs import VectorEnv
 from distrl.observe.trace import tracer
 
 
 class Rollout:
-    """Steps a vector of envs with batched inference and returns one fragment per call."""
+    """Steps a vector of envs with batched inference and returns one fragment per call.
 
-    def __init__(self, policy: Policy, env_id: str, num_envs: int, fragment_length: int,
-                 seed: int, worker_index: int, env_kwargs: dict | None = None):
-        self.policy = policy
-        self.envs = VectorEnv(env_id, num_envs, seed, env_kwargs)
+    With multi-agent envs the policy acts on a dict (obs, comm_mask, active) and the fragment
+    carries those for every step and, as next_*, for the one after.
+    """
+
+    def __init__(self, policy: Policy, envs, fragment_length: int, worker_index: int):
+        self.policy, self.envs = policy, envs  # a VectorEnv or MultiAgentVectorEnv (roles.factory.make_rollout)
         self.fragment_length = fragment_length
         self.worker_index = worker_index
         self.env_steps = 0
@@ -31,7 +32,7 @@ class Rollout:
         return {
             "env_steps": self.env_steps,
             "policy_rng": policy_rng.bit_generator.state if policy_rng is not None else None,
-            "env_rngs": [env.unwrapped.np_random.bit_generator.state for env in self.envs.envs],
+            "env_rngs": self.envs.rng_states(),
         }
 
     def set_state(self, state: dict) -> None:
@@ -39,8 +40,7 @@ class Rollout:
         self.policy.observe_steps(self.env_steps)
         if state.get("policy_rng") is not None:
             self.policy.rng.bit_generator.state = state["policy_rng"]
-        for env, rng_state in zip(self.envs.envs, state["env_rngs"]):
-            env.unwrapped.np_random.bit_generator.state = rng_state
+        self.envs.set_rng_states(state["env_rngs"])
         self.envs.reset_all()
         self.policy.episodes_ended(np.ones(self.envs.num_envs, bool))
 
@@ -56,18 +56,20 @@ class Rollout:
 
     def _sample(self, tr) -> Fragment:
         T, E, envs = self.fragment_length, self.envs.num_envs, self.envs
-        buf = Buffers(T, envs.obs)
+        buf = Buffers(T)
         returns, lengths = [], []
         t_act = t_env = 0.0
         errors_before, version = envs.env_errors, self.policy.version
         for t in range(T):
             t0 = time.time()
             self.policy.observe_steps(self.env_steps)
-            a, ex = self.policy.act(envs.obs, explore=True)
+            obs = envs.obs
+            a, ex = self.policy.act(obs, explore=True)
             t1 = time.time()
-            buf.put_action(t, envs.obs, a, ex)
-            buf.next_obs[t], buf.rewards[t], buf.terminated[t], buf.truncated[t], finished = envs.step(a)
-            self.policy.episodes_ended(buf.terminated[t] | buf.truncated[t])
+            buf.put(t, **_named(obs, ""), actions=a, **ex)  # before the step: VectorEnv updates obs in place
+            nxt, rewards, terminated, truncated, finished = envs.step(a)
+            buf.put(t, rewards=rewards, terminated=terminated, truncated=truncated, **_named(nxt, "next_"))
+            self.policy.episodes_ended(terminated | truncated)
             for ret, length in finished:
                 returns.append(ret)
                 lengths.append(length)
@@ -89,27 +91,28 @@ class Rollout:
         return Fragment(data, priorities, info)
 
 
+def _named(obs, prefix: str) -> dict[str, np.ndarray]:
+    """An observation (an array, or a multi-agent env's dict of arrays) as named per-step fields."""
+    return {prefix + k: v for k, v in obs.items()} if isinstance(obs, dict) else {prefix + "obs": obs}
+
+
 class Buffers:
-    """A fragment's time-major arrays, filled step by step; action and extras shapes come from the policy."""
+    """A fragment's time-major arrays, each allocated at its first step from that step's shape and dtype."""
 
-    def __init__(self, T: int, obs: np.ndarray):
-        self.obs = np.empty((T, *obs.shape), obs.dtype)
-        self.next_obs = np.empty_like(self.obs)
-        E = obs.shape[0]
-        self.rewards = np.empty((T, E), np.float32)
-        self.terminated = np.empty((T, E), bool)
-        self.truncated = np.empty((T, E), bool)
-        self.actions, self.extras = None, {}
+    CORE = ("obs", "actions", "rewards", "terminated", "truncated", "next_obs")
 
-    def put_action(self, t: int, obs: np.ndarray, actions: np.ndarray, extras: dict) -> None:
-        if self.actions is None:
-            T = len(self.obs)
-            self.actions = np.empty((T, *actions.shape), actions.dtype)
-            self.extras = {k: np.empty((T, *v.shape), v.dtype) for k, v in extras.items()}
-        self.obs[t], self.actions[t] = obs, actions
-        for k, v in extras.items():
-            self.extras[k][t] = v
+    def __init__(self, T: int):
+        self.T = T
+        self.arrays: dict[str, np.ndarray] = {}
+
+    def put(self, t: int, **fields: np.ndarray) -> None:
+        for k, v in fields.items():
+            v = np.asarray(v)
+            if k not in self.arrays:
+                self.arrays[k] = np.empty((self.T, *v.shape), v.dtype)
+            self.arrays[k][t] = v
 
     def trajectory(self) -> Trajectory:
-        return Trajectory(self.obs, self.actions, self.rewards, self.terminated, self.truncated,
-                          self.next_obs, self.extras)
+        a = self.arrays
+        extras = {k: v for k, v in a.items() if k not in self.CORE}
+        return Trajectory(a["obs"], a["actions"], a["rewards"], a["terminated"], a["truncated"], a["next_obs"], extras)

@@ -120,14 +120,12 @@ class RolloutWorker(Traced):
     """Steps `env.num_envs` envs with batched inference; one fragment per `sample` call."""
 
     def __init__(self, cfg_dict: dict, worker_index: int, num_workers: int, ps):
-        from distrl.roles.factory import acting_policy
-        from distrl.roles.rollout import Rollout
+        from distrl.roles.factory import acting_policy, make_rollout
 
         cfg = from_dict(cfg_dict)
         start_tracing(trace_settings(cfg), "worker", worker_index)
         self.policy = acting_policy(cfg, worker_index, num_workers)
-        self.rollout = Rollout(self.policy, cfg.env.id, cfg.env.num_envs, cfg.rollout.fragment_length,
-                               cfg.seed + worker_index, worker_index, cfg.env.kwargs)
+        self.rollout = make_rollout(cfg, self.policy, cfg.seed + worker_index, worker_index)
         self.ps = ps
         self.pending = None  # an in-flight pull, overlapped with stepping
         self.pull_s = 0.0

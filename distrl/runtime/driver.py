@@ -216,6 +216,7 @@ class Driver:
             "updates_per_s": round((c.updates - self.last_log_updates) / dt, 2),
             "train_return_mean": _mean(c.recent_returns),
             "eval_return_mean": ev.get("return_mean"), "eval_return_std": ev.get("return_std"),
+            "eval_success_rate": (ev.get("metrics") or {}).get("success_rate"),
             "best_eval_return": c.best_eval if c.evaluations else None,
             "policy_lag_mean": _mean(c.lags), "policy_lag_max": max(c.lags) if c.lags else None,
             "loss": c.loss_sum / c.loss_n if c.loss_n else None,

@@ -16,10 +16,9 @@ from distrl.core import Gathered, Roles, RunState, TrainStats
 from distrl.roles.evaluation import make_evaluation
 from distrl.roles.experience import ExperienceServer
 from distrl.observe.trace import configure, tracer
-from distrl.roles.factory import build_algorithm, resolve_device, trace_settings
+from distrl.roles.factory import build_algorithm, make_rollout, resolve_device, trace_settings
 from distrl.roles.learning import LearnerLoop, LocalIO
 from distrl.registry import make_policy
-from distrl.roles.rollout import Rollout
 from distrl.threads import one_compute_thread
 
 
@@ -115,8 +114,7 @@ class LocalRoles(Roles):
         self.experience = ExperienceServer(cfg)
         self.loop = LearnerLoop(learner, cfg, LocalIO(self.experience, self.policy))
         self.loop.publish()
-        self.rollout = Rollout(self.policy, cfg.env.id, cfg.env.num_envs, cfg.rollout.fragment_length,
-                               cfg.seed, 0, cfg.env.kwargs)
+        self.rollout = make_rollout(cfg, self.policy, cfg.seed, 0)
         self.timings = {"env_s": 0.0, "inference_s": 0.0, "learner_s": 0.0}
 
     def get_state(self) -> RunState:

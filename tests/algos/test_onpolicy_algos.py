@@ -11,7 +11,7 @@ from distrl.algos.actor_critic import actor_critic_loss, time_major
 from distrl.algos.advantages import gae, vtrace
 from distrl.algos.ppo import ppo_loss
 from distrl.config import load_config
-from distrl.envs import env_spec
+from distrl.envs import VectorEnv, env_spec
 from distrl.roles.rollout import Rollout
 
 T, E = 8, 4
@@ -28,7 +28,7 @@ def rollout_batch(algo, learner, k=1, env="CartPole-v1", version=None):
     for i in range(k):
         policy = make_policy(algo.cfg, algo.spec, i, k)
         policy.set_weights(learner.get_weights(), learner.updates if version is None else version)
-        frags.append(Rollout(policy, env, E, T, seed=10 * i, worker_index=i).sample().data)
+        frags.append(Rollout(policy, VectorEnv(env, E, 10 * i), T, i).sample().data)
     if k == 1:
         return frags[0]
     return {key: np.concatenate([f[key] for f in frags], axis=1) for key in frags[0]}
@@ -188,14 +188,14 @@ def test_a3c_worker_message_is_the_a2c_gradient():
     learner = algo.make_learner("cpu")
     policy = make_policy(algo.cfg, algo.spec, 0, 1)
     policy.set_weights(learner.get_weights(), 3)
-    rollout = Rollout(policy, "CartPole-v1", E, T, 0, 0)
+    rollout = Rollout(policy, VectorEnv("CartPole-v1", E, 0), T, 0)
     msg = rollout.sample().data
     assert msg["version"].tolist() == [3] and msg["steps"].tolist() == [T * E]
     assert "rewards" not in msg and all(msg[k].shape == (1,) for k in ("loss_policy", "loss_value", "entropy"))
     # The same fragment (same seeds, same weights) from a plain policy, A2C loss differentiated here.
     plain = make_policy(make("a2c").cfg, make("a2c").spec, 0, 1)
     plain.set_weights(learner.get_weights(), 3)
-    items = Rollout(plain, "CartPole-v1", E, T, 0, 0).sample().data
+    items = Rollout(plain, VectorEnv("CartPole-v1", E, 0), T, 0).sample().data
     loss, _ = a2c_loss(learner.net, time_major(items, "cpu"), algo.section)
     loss.backward()
     for name, p in learner.net.named_parameters():

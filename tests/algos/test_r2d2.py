@@ -345,11 +345,12 @@ def test_the_acting_module_never_imports_torch():
 
 
 def rollout_fragments(cfg, spec, learner, fragment_length, count, env_kwargs):
+    from distrl.envs import VectorEnv
     from distrl.roles.rollout import Rollout
 
     policy = R2D2Policy(spec, cfg.r2d2, 0, 1, 7, cfg.sequence)
     policy.set_weights(learner.get_weights(), 0)
-    rollout = Rollout(policy, "CartPole-v1", 3, fragment_length, seed=0, worker_index=0, env_kwargs=env_kwargs)
+    rollout = Rollout(policy, VectorEnv("CartPole-v1", 3, 0, env_kwargs), fragment_length, 0)
     return [rollout.sample() for _ in range(count)]
 
 

@@ -12,7 +12,7 @@ from distrl.envs import env_spec
 
 
 def _env(name: str) -> str:
-    return "Pendulum-v1" if name == "sac" else "CartPole-v1"
+    return {"sac": "Pendulum-v1", "dhc": "distrl.envs.mapf:MAPF"}.get(name, "CartPole-v1")
 
 
 @pytest.mark.parametrize("name", sorted(n for n in ALGOS if not ALGOS[n].multi_agent))  # dhc: tests/algos/test_dhc.py

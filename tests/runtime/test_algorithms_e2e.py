@@ -21,6 +21,7 @@ CASES = [  # (config, mode, extra overrides)
     ("sac_pendulum", "async", ["replay.samples_per_insert=32"]),
     ("r2d2_position_only_cartpole", "sync", ["replay.min_size=50"]),
     ("r2d2_position_only_cartpole", "async", ["replay.min_size=50"]),
+    ("dhc_mapf_8x8", "sync", ["replay.min_size=50"]), ("dhc_mapf_8x8", "async", ["replay.min_size=50"]),
 ]
 
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from distrl import resume, train
+from distrl import resume
 from distrl.cli import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
