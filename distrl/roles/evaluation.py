@@ -54,25 +54,34 @@ def episode_metrics(infos: list[dict]) -> dict[str, float]:
     return out
 
 
-def _saved_best(run_dir: str) -> float:
-    """The return of the run's best checkpoint so far (-inf if none or unreadable)."""
+LOWEST = (-np.inf, -np.inf)
+
+
+def rank(result: dict) -> tuple:
+    """How good an evaluation is: success rate first where the env reports one, then the return."""
+    metrics = result.get("metrics") or {}
+    success = metrics.get("success_rate", -np.inf)
+    return (float(success), float(result["return_mean"]))
+
+
+def _saved_rank(run_dir: str) -> tuple:
+    """The rank of the run's best checkpoint so far (lowest if none or unreadable)."""
     try:
         with open(os.path.join(run_dir, "checkpoints", "best.json")) as fh:
-            value = float(json.load(fh)["return_mean"])
-        return value if np.isfinite(value) else -np.inf
+            key = rank(json.load(fh))
     except (OSError, ValueError, KeyError, TypeError):
-        return -np.inf
+        return LOWEST
+    return LOWEST if np.isnan(key).any() else key
 
 
 class Evaluation:
-    """Scores published weights; keeps the best as `checkpoints/best.safetensors`."""
+    """Scores published weights; keeps the best (by `rank`) as `checkpoints/best.safetensors`."""
 
-    def __init__(self, policy: Policy, cfg, run_dir: str, start_time: float,
-                 evaluations: int = 0, best: float = -np.inf):
+    def __init__(self, policy: Policy, cfg, run_dir: str, start_time: float, evaluations: int = 0):
         self.policy, self.cfg, self.run_dir = policy, cfg, run_dir
         self.start_time = start_time
         # The best checkpoint only improves: a resumed run or a restarted evaluator starts from it.
-        self.best = max(best, _saved_best(run_dir))
+        self.best = _saved_rank(run_dir)
         self.evaluations = evaluations  # evaluation i plays seeds derived from i
 
     def evaluate(self, weights: Weights, version: int, env_steps: int = 0) -> dict:
@@ -91,12 +100,11 @@ class Evaluation:
         result = {"version": version, "env_steps": env_steps, "return_mean": mean,
                   "return_std": float(np.std(rets)), "episodes": len(rets),
                   "time_s": now - self.start_time, "metrics": metrics, "solved": self._solved(mean, metrics)}
-        if mean > self.best:
-            self.best = mean
+        if rank(result) > self.best:
+            self.best = rank(result)
             ckpt = os.path.join(self.run_dir, "checkpoints")
             save_weights(os.path.join(ckpt, "best.safetensors"), weights, result)
             save_json(os.path.join(ckpt, "best.json"), result)
-        result["best_return"] = self.best
         return result
 
 

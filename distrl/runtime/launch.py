@@ -90,7 +90,7 @@ def resume_run(run_dir: str, overrides: list[str], address: str | None, validate
         validate(cfg)
         counters: Counters = counters_from_meta(state["meta"]["counters"])
         start = time.time() - state["meta"]["wall_s"]
-        roles = make_roles(cfg, run_dir, start, address, {"evaluations": counters.evaluations, "best": counters.best_eval})
+        roles = make_roles(cfg, run_dir, start, address, {"evaluations": counters.evaluations})
         try:
             roles.set_state(state)
         except Exception as e:  # noqa: BLE001 - whatever the roles raise, the user changed what they restore
