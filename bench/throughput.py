@@ -1,17 +1,21 @@
 """Sampling throughput of each mode vs a bare gymnasium loop, and where the time goes.
 
-    python -m bench.throughput [--seconds 15] [--workers 1 2 4] [--modes single sync async]
+    python -m bench.throughput [--config configs/apex_dqn_cartpole.yaml] [--seconds 15]
+                               [--workers 1 2 4] [--modes single sync async]
 
 Overhead ratio = env steps/s of a sampling-only run (learning off) / env steps/s
 of a bare loop: the same number of processes each stepping `num_envs` envs with
-random actions, no network, on the same cores. The training runs then show
-where the time goes with the learner on.
+random actions, no network, on the same cores (gymnasium envs directly; a
+multi-agent env through distrl's vector of them, all agents acting). The training
+runs then show where the time goes with the learner on. For multi-agent configs
+agent-steps/s = env steps/s x agents.
 """
 from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
 import os
+import sys
 import tempfile
 import time
 
@@ -22,10 +26,26 @@ from bench.common import ROOT, hardware, steady_rates, write_json
 CONFIG = os.path.join(ROOT, "configs", "apex_dqn_cartpole.yaml")
 
 
-def _bare_worker(env_id: str, num_envs: int, seconds: float, seed: int, out) -> None:
+def _bare_multiagent(env_id: str, kwargs: dict, num_envs: int, seconds: float, seed: int) -> float:
+    from distrl.roles.factory import make_vector_env
+
+    envs = make_vector_env(env_id, num_envs, seed, kwargs, True)
+    rng = np.random.default_rng(seed)
+    shape, n = (num_envs, envs.num_agents), envs.action_space.n
+    steps, t0 = 0, time.perf_counter()
+    while time.perf_counter() < t0 + seconds:
+        envs.step(rng.integers(0, n, shape))
+        steps += num_envs
+    return steps / (time.perf_counter() - t0)
+
+
+def _bare_worker(env_id: str, kwargs: dict, multi_agent: bool, num_envs: int, seconds: float, seed: int, out) -> None:
+    if multi_agent:
+        out.put(_bare_multiagent(env_id, kwargs, num_envs, seconds, seed))
+        return
     import gymnasium as gym
 
-    envs = [gym.make(env_id) for _ in range(num_envs)]
+    envs = [gym.make(env_id, **kwargs) for _ in range(num_envs)]
     for i, e in enumerate(envs):
         e.reset(seed=seed + i)
     rng = np.random.default_rng(seed)
@@ -42,10 +62,13 @@ def _bare_worker(env_id: str, num_envs: int, seconds: float, seed: int, out) -> 
     out.put(steps / (time.perf_counter() - t0))
 
 
-def bare_loop(processes: int, num_envs: int, seconds: float, env_id: str = "CartPole-v1") -> float:
+def bare_loop(processes: int, cfg, seconds: float) -> float:
+    from distrl.registry import multi_agent
+
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    procs = [ctx.Process(target=_bare_worker, args=(env_id, num_envs, seconds, 100 * i, q)) for i in range(processes)]
+    args = (cfg.env.id, cfg.env.kwargs, multi_agent(cfg.algo), cfg.env.num_envs, seconds)
+    procs = [ctx.Process(target=_bare_worker, args=(*args, 100 * i, q)) for i in range(processes)]
     for p in procs:
         p.start()
     rates = [q.get() for _ in procs]
@@ -54,17 +77,28 @@ def bare_loop(processes: int, num_envs: int, seconds: float, env_id: str = "Cart
     return float(sum(rates))
 
 
-def run(mode: str, workers: int, seconds: float, learn: bool, extra: list[str] = ()) -> dict:
+def _never_learn(config: str) -> list[str]:
+    """Overrides that keep the learner from starting: a replay that never reaches its minimum size.
+    Sequence replay preallocates its chunk store, so it keeps its capacity (runs are far shorter)."""
+    from distrl.config import load_config
+    from distrl.registry import data_path
+
+    cfg = load_config(config)
+    capacity = cfg.replay.capacity if data_path(cfg.algo) == "sequence" else 2_000_000
+    return [f"replay.capacity={capacity}", f"replay.min_size={capacity}", "eval.interval_s=1000"]
+
+
+def run(config: str, mode: str, workers: int, seconds: float, learn: bool, extra: list[str] = ()) -> dict:
     from distrl import train
 
     overrides = [f"mode={mode}", f"workers={workers}", "eval.target_return=null", "log.progress=false",
                  "log.tensorboard=false", "log.interval_s=0.5", *extra]
     if not learn:  # sampling only: learning never starts, so no learner competes for the cores
-        overrides += ["replay.capacity=2000000", "replay.min_size=2000000", "eval.interval_s=1000"]
+        overrides += _never_learn(config)
     run_dir = tempfile.mkdtemp(prefix=f"bench-{mode}-{workers}-")
     start = time.time()
     # stop.max_seconds counts from start-up: give start-up its own allowance.
-    summary = train(CONFIG, overrides=overrides + [f"stop.max_seconds={seconds + 30}"], run_dir=run_dir,
+    summary = train(config, overrides=overrides + [f"stop.max_seconds={seconds + 30}"], run_dir=run_dir,
                     start_time=start)
     rates = steady_rates(run_dir)
     wall = summary["wall_s"]
@@ -80,6 +114,7 @@ def run(mode: str, workers: int, seconds: float, learn: bool, extra: list[str] =
 
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--config", default=CONFIG)
     ap.add_argument("--seconds", type=float, default=15.0)
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--modes", nargs="+", default=["single", "sync", "async"])
@@ -87,17 +122,20 @@ def main() -> None:
     ap.add_argument("--learn", choices=["both", "off", "on"], default="both", help="sampling-only runs, training runs, or both")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "throughput.json"))
     args = ap.parse_args()
-    import yaml
+    from distrl.config import load_config
 
-    num_envs = yaml.safe_load(open(CONFIG))["env"]["num_envs"]
-    results = {"hardware": hardware(), "num_envs": num_envs, "overrides": args.extra, "bare": {}, "runs": []}
+    cfg = load_config(args.config, args.extra)
+    num_envs = cfg.env.num_envs
+    results = {"command": "python -m bench.throughput " + " ".join(sys.argv[1:]), "hardware": hardware(),
+               "config": os.path.relpath(args.config, ROOT), "num_envs": num_envs, "overrides": args.extra,
+               "bare": {}, "runs": []}
     for w in sorted(set(args.workers) | {1}):
-        results["bare"][w] = round(bare_loop(w, num_envs, 5.0), 1)
+        results["bare"][w] = round(bare_loop(w, cfg, 5.0), 1)
         print(f"bare loop, {w} process(es) x {num_envs} envs: {results['bare'][w]:.0f} steps/s", flush=True)
     for mode in args.modes:
         for w in ([1] if mode == "single" else args.workers):
             for learn in {"both": (False, True), "off": (False,), "on": (True,)}[args.learn]:
-                r = run(mode, w, args.seconds, learn, args.extra)
+                r = run(args.config, mode, w, args.seconds, learn, args.extra)
                 if not learn:
                     r["overhead_ratio"] = round(r["env_steps_per_s"] / results["bare"][w], 3)
                 results["runs"].append(r)
