@@ -18,6 +18,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from distrl.algos.common import HALF_LOG_2PI, adam, as_tensors, guarded_step, mlp, spec_problem, to_numpy_weights
+from distrl.algos.sharding import ShardedLearner
 from distrl.core import Algorithm, Batch, EnvSpec, Learner, Weights
 
 
@@ -113,10 +114,11 @@ def normalize(x: torch.Tensor) -> torch.Tensor:
 
 
 def actor_critic_loss(logp: torch.Tensor, entropy: torch.Tensor, values: torch.Tensor,
-                      advantages: torch.Tensor, targets: torch.Tensor, cfg
+                      advantages: torch.Tensor, targets: torch.Tensor, cfg, normalized: bool = False
                       ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Policy gradient -A log pi + vf_coef * 0.5 (target - V)^2 - ent_coef * H (A, targets fixed)."""
-    adv = normalize(advantages) if cfg.normalize_advantages else advantages
+    """Policy gradient -A log pi + vf_coef * 0.5 (target - V)^2 - ent_coef * H (A, targets fixed);
+    A is standardised here if the config asks and the caller has not (`normalized`)."""
+    adv = normalize(advantages) if cfg.normalize_advantages and not normalized else advantages
     loss_policy = -(adv.detach() * logp).mean()
     loss_value = 0.5 * (targets.detach() - values).square().mean()
     ent = entropy.mean()
@@ -124,7 +126,7 @@ def actor_critic_loss(logp: torch.Tensor, entropy: torch.Tensor, values: torch.T
     return loss, {"loss_policy": loss_policy, "loss_value": loss_value, "entropy": ent}
 
 
-class ActorCriticLearner(Learner):
+class ActorCriticLearner(ShardedLearner, Learner):
     """Holds the net and optimizer; subclasses implement `update`.
 
     `updates` counts update() calls that took a step (one per batch); the number
@@ -137,6 +139,9 @@ class ActorCriticLearner(Learner):
         self.opt = self.make_optimizer()
         self.updates = 0
         self.optimizer_steps = 0
+
+    def trained_module(self) -> nn.Module:
+        return self.net
 
     def make_optimizer(self) -> torch.optim.Optimizer:
         return adam(self.net.parameters(), self.cfg.lr, self.device)

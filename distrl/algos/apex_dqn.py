@@ -16,6 +16,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from distrl.algos.common import ReplayAlgorithm, TargetNetworkState, adam, as_tensors, mlp, skipped
+from distrl.algos.sharding import ShardedLearner
 from distrl.core import Batch, EnvSpec, Learner
 
 
@@ -40,7 +41,7 @@ def _build_q(spec: EnvSpec, cfg) -> QNetwork:
     return QNetwork(obs_dim, int(spec.action_space.n), list(cfg.hidden), cfg.dueling)
 
 
-class DQNLearner(TargetNetworkState, Learner):
+class DQNLearner(TargetNetworkState, ShardedLearner, Learner):
     def __init__(self, spec: EnvSpec, cfg, device: str):
         self.cfg, self.device = cfg, device
         self.q = _build_q(spec, cfg).to(device)
@@ -50,33 +51,41 @@ class DQNLearner(TargetNetworkState, Learner):
         self.opt = adam(self.q.parameters(), cfg.lr, device)
         self.updates = 0
 
+    def trained_module(self) -> nn.Module:
+        return self.q
+
+    @torch.no_grad()
+    def targets(self, t: dict[str, torch.Tensor]) -> torch.Tensor:
+        """r + discount * Q_target(s', a*), a* the online argmax (double DQN) or the target's."""
+        q_next_target = self.target(t["next_obs"])
+        if self.cfg.double:
+            best = self.q(t["next_obs"]).argmax(dim=1, keepdim=True)
+            q_next = q_next_target.gather(1, best).squeeze(1)
+        else:
+            q_next = q_next_target.max(dim=1).values
+        return t["rewards"] + t["discounts"] * q_next
+
+    def sample_loss(self, s: dict[str, torch.Tensor]):
+        """Importance-weighted Huber loss of Q(s, a) against the fixed targets; per row the TD error."""
+        q_taken = self.q(s["obs"]).gather(1, s["actions"].long().view(-1, 1)).squeeze(1)
+        elementwise = F.huber_loss(q_taken, s["target"], reduction="none")
+        weights = s.get("weights")
+        loss = (elementwise * weights).mean() if weights is not None else elementwise.mean()
+        return loss, {"q_mean": q_taken.detach().mean()}, {"td": (q_taken - s["target"]).detach()}
+
     def update(self, batch: Batch) -> dict[str, Any]:
         t = as_tensors(batch, self.device)
-        obs, next_obs = t["obs"], t["next_obs"]
-        n = obs.shape[0]
-        # One forward pass over obs and next_obs together: half the kernel launches.
-        q_all = self.q(torch.cat([obs, next_obs]))
-        q_taken = q_all[:n].gather(1, t["actions"].long().view(-1, 1)).squeeze(1)
-        with torch.no_grad():
-            q_next_target = self.target(next_obs)
-            if self.cfg.double:
-                best = q_all[n:].argmax(dim=1, keepdim=True)
-                q_next = q_next_target.gather(1, best).squeeze(1)
-            else:
-                q_next = q_next_target.max(dim=1).values
-            target = t["rewards"] + t["discounts"] * q_next
-        td = q_taken - target
-        weights = t.get("weights")
-        elementwise = F.huber_loss(q_taken, target, reduction="none")
-        loss = (elementwise * weights).mean() if weights is not None else elementwise.mean()
-        grad_norm = self.optimize(loss)
+        rows = {"obs": t["obs"], "actions": t["actions"], "target": self.targets(t)}
+        if "weights" in t:
+            rows["weights"] = t["weights"]
+        grad_norm, loss, terms, per_row = self.sharded_step(rows, self.optimize)
         if grad_norm is None:
             return skipped(loss)
         return {
             "loss": loss.item(),
-            "q_mean": q_taken.detach().mean().item(),
+            "q_mean": terms["q_mean"].item(),
             "grad_norm": grad_norm,
-            "priorities": td.detach().abs().cpu().numpy(),
+            "priorities": per_row["td"].abs().cpu().numpy(),
         }
 
 

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from distrl.algos.actor_critic import (ActorCriticAlgorithm, ActorCriticLearner, actor_critic_loss,
-                                       bootstrap_values, time_major)
+                                       bootstrap_values, normalize, time_major)
 from distrl.algos.advantages import vtrace
 from distrl.algos.common import skipped
 from distrl.core import Batch
@@ -25,19 +27,26 @@ class ImpalaLearner(ActorCriticLearner):
         c = self.cfg
         t = time_major(batch, self.device)
         shape = t["rewards"].shape
-        logp, entropy, values = self.net.evaluate(t["obs"], t["actions"])
-        target_logp = logp.detach().view(shape)
-        vs, pg_adv = vtrace(t["logp"], target_logp, t["rewards"], values.detach().view(shape),
-                            bootstrap_values(self.net, t), t["terminated"], t["truncated"],
-                            c.gamma, c.rho_bar, c.c_bar)
-        loss, terms = actor_critic_loss(logp, entropy, values, pg_adv.reshape(-1), vs.reshape(-1), c)
-        grad_norm = self.step(loss)
+        with torch.no_grad():  # targets over the whole batch first: the step itself may be sharded by rows
+            logp, _, values = self.net.evaluate(t["obs"], t["actions"])
+            target_logp = logp.view(shape)
+            vs, pg_adv = vtrace(t["logp"], target_logp, t["rewards"], values.view(shape),
+                                bootstrap_values(self.net, t), t["terminated"], t["truncated"],
+                                c.gamma, c.rho_bar, c.c_bar)
+            adv = normalize(pg_adv) if c.normalize_advantages else pg_adv
+        rows = {"obs": t["obs"], "actions": t["actions"], "adv": adv.reshape(-1), "vs": vs.reshape(-1)}
+        grad_norm, loss, terms, _ = self.sharded_step(rows, self.step)
         if grad_norm is None:
             return skipped(loss)
         self.updates += 1
         rho = (target_logp - t["logp"]).exp()
         return self.metrics(loss, terms, grad_norm=grad_norm, optimizer_steps=self.optimizer_steps,
                             rho_mean=rho.mean().item(), rho_clip_frac=(rho > c.rho_bar).float().mean().item())
+
+    def sample_loss(self, s: dict[str, torch.Tensor]):
+        logp, entropy, values = self.net.evaluate(s["obs"], s["actions"])
+        loss, terms = actor_critic_loss(logp, entropy, values, s["adv"], s["vs"], self.cfg, normalized=True)
+        return loss, terms, {}
 
 
 class Impala(ActorCriticAlgorithm):

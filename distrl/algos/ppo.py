@@ -80,10 +80,9 @@ class PPOLearner(ActorCriticLearner):
         n = skips = 0
         for _ in range(c.epochs):
             for idx in torch.randperm(adv.numel(), device=adv.device).chunk(c.minibatches):
-                logp, entropy, values = self.net.evaluate(t["obs"][idx], t["actions"][idx])
-                loss, terms = ppo_loss(logp, old_logp[idx], adv[idx], values, old_values[idx],
-                                       returns[idx], entropy, c)
-                grad_norm = self.step(loss)
+                rows = {"obs": t["obs"][idx], "actions": t["actions"][idx], "old_logp": old_logp[idx],
+                        "adv": adv[idx], "old_values": old_values[idx], "returns": returns[idx]}
+                grad_norm, loss, terms, _ = self.sharded_step(rows, self.step)
                 if grad_norm is None:  # this minibatch's step is skipped; the others still count
                     skips += 1
                     continue
@@ -97,6 +96,12 @@ class PPOLearner(ActorCriticLearner):
         out = dict(zip(["loss", *terms, "grad_norm"], means))
         out.update(optimizer_steps=self.optimizer_steps, policy_lag=lag, nonfinite_steps=skips)
         return out
+
+
+    def sample_loss(self, s: dict[str, torch.Tensor]):
+        logp, entropy, values = self.net.evaluate(s["obs"], s["actions"])
+        loss, terms = ppo_loss(logp, s["old_logp"], s["adv"], values, s["old_values"], s["returns"], entropy, self.cfg)
+        return loss, terms, {}
 
 
 class PPO(ActorCriticAlgorithm):
