@@ -86,8 +86,9 @@ def main() -> None:
                 runs.append(run)
                 print(f"{run['config']} seed {seed} comm {comm}: target at {run['time_to_target_s']} s, "
                       f"best {run['best_success']}", flush=True)
-    write_json(args.out, {"command": "python -m bench.mapf_learning " + " ".join(sys.argv[1:]),
-                          "hardware": hardware(), "summary": summarise(runs), "runs": runs})
+                # Written after every run: a long invocation stopped early keeps what it measured.
+                write_json(args.out, {"command": "python -m bench.mapf_learning " + " ".join(sys.argv[1:]),
+                                      "hardware": hardware(), "summary": summarise(runs), "runs": runs})
 
 
 if __name__ == "__main__":

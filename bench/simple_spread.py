@@ -118,10 +118,10 @@ def main() -> None:
         run["gap_closed"] = (run["learned"] - random_ret) / (scripted_ret - random_ret)
         runs.append(run)
         print(f"seed {seed}: learned {run['learned']:.2f}  gap closed {run['gap_closed']:.2f}", flush=True)
-    out = {"command": "python -m bench.simple_spread " + " ".join(sys.argv[1:]), "hardware": hardware(),
-           "episodes": args.episodes, "random": random_ret, "scripted": scripted_ret, "runs": runs,
-           "median_gap_closed": statistics.median(r["gap_closed"] for r in runs), "target_gap_closed": 0.5}
-    write_json(args.out, out)
+        out = {"command": "python -m bench.simple_spread " + " ".join(sys.argv[1:]), "hardware": hardware(),
+               "episodes": args.episodes, "random": random_ret, "scripted": scripted_ret, "runs": runs,
+               "median_gap_closed": statistics.median(r["gap_closed"] for r in runs), "target_gap_closed": 0.5}
+        write_json(args.out, out)  # after every seed: an invocation stopped early keeps what it measured
 
 
 if __name__ == "__main__":
