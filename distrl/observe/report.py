@@ -1,6 +1,8 @@
 """`distrl report`: where a traced run's time went, and which side held it back.
 
-Shares per process, over its own lane (first span to last): busy = its top-level spans that are
+The window is the training loop (to the driver's last gather) unless --from/--to say otherwise.
+Shares per process, over its own lane (first span to the window's end, or to its last span if a
+replacement process took over): busy = its top-level spans that are
 not `wait`, waiting = top-level `wait` spans, idle = the rest (untraced gaps). Threads of one
 process are merged as a union, so a prefetch thread never pushes a share past 100%.
 
@@ -60,11 +62,19 @@ def _top_spans(trace: Trace, pid: int, a: float, b: float):
 def process_shares(trace: Trace, a: float, b: float) -> list[dict]:
     """Busy / waiting / idle shares of every process's lane wall time within [a, b]."""
     out = []
-    for pid in dict.fromkeys(ln.pid for ln in trace.lanes):
-        s, e, cats = _top_spans(trace, pid, a, b)
+    spans = {pid: _top_spans(trace, pid, a, b) for pid in dict.fromkeys(ln.pid for ln in trace.lanes)}
+    label = {ln.pid: ln.process for ln in trace.lanes}
+    # A process lives until the window's end unless a replacement (same label, later start) took over:
+    # a learner that only published once is idle, not 100% busy over a zero-length lane.
+    latest = {}
+    for pid, (s, _, _) in spans.items():
+        if len(s) and (label[pid] not in latest or s.min() > spans[latest[label[pid]]][0].min()):
+            latest[label[pid]] = pid
+    for pid, (s, e, cats) in spans.items():
         if not len(s):
             continue
-        wall = max(float(e.max() - s.min()), 1e-9)
+        end = b if latest[label[pid]] == pid else float(e.max())
+        wall = max(end - float(s.min()), 1e-9)
         work = cats != "wait"
         busy = _union_length(s[work], e[work])
         waiting = _union_length(s, e) - busy  # wait time not overlapped by another thread's work
@@ -171,10 +181,18 @@ def policy_lag(run_dir: str) -> dict:
             "rate_limiter": summary.get("rate_limiter")}
 
 
+def training_window(trace: Trace) -> tuple[float, float]:
+    """The whole trace, cut at the end of the driver's last gather: what follows is the run's stop
+    (final evaluation and checkpoint), when every role is idle by design."""
+    lo, hi = trace.span
+    gathers = [float(e) for ln in trace.lanes if ln.role == "driver"
+               for e, n, d in zip(ln.end, ln.name, ln.depth) if n == "gather" and d == 0]
+    return lo, (max(gathers) if gathers and max(gathers) > lo else hi)
+
+
 def build_report(run_dir: str, t_from: float | None = None, t_to: float | None = None) -> dict:
     trace = read_trace(run_dir)
-    lo, hi = trace.span
-    a, b = (lo, hi) if t_from is None and t_to is None else resolve_window(trace, t_from, t_to)
+    a, b = training_window(trace) if t_from is None and t_to is None else resolve_window(trace, t_from, t_to)
     processes = process_shares(trace, a, b)
     return {"run_dir": run_dir, "window_s": [round(a, 3), round(b, 3)], "processes": processes,
             "roles": role_breakdown(trace, a, b), "policy_lag": policy_lag(run_dir),

@@ -252,6 +252,24 @@ def test_report_single_mode_judges_learning_against_sampling(runs, capsys):
     assert code == 0 and verdict["verdict"] == "learner-bound" and "main process" in verdict["sentence"]
 
 
+def test_an_idle_learner_is_idle_and_the_stop_is_left_out_of_the_window(tmp_path, capsys):
+    """A learner that only published once (replay never filled) spans the run idle, not 100% busy;
+    the report's window ends with the driver's last gather, before the final checkpoint."""
+    drained = distributed_trace("sampling")
+    learner = next(d for d in drained if d["meta"]["role"] == "learner")
+    learner["events"] = [e for e in learner["events"] if e[1] < (START + 0.3) * 1e6]  # one early publish
+    run = write_run(tmp_path / "idle_learner", drained)
+    code, out, _ = run_main(capsys, "report", run, "--json")
+    report = json.loads(out)
+    row = next(p for p in report["processes"] if p["process"] == "learner")
+    assert code == 0 and row["busy"] < 0.05 and row["idle"] > 0.9, row
+    driver = next(d for d in drained if d["meta"]["role"] == "driver")
+    last_gather = max(e[1] + e[2] for e in driver["events"] if e[3] == "gather") / 1e6 - START
+    assert report["window_s"][1] == pytest.approx(last_gather, abs=0.002)
+    assert report["window_s"][1] < read_trace(run).span[1]  # what follows the last gather is left out
+    assert report["bottleneck"]["verdict"] == "sampling-bound"
+
+
 def test_bottleneck_rule_on_shares():
     def proc(role, busy):
         return {"role": role, "process": role, "busy": busy, "waiting": 1 - busy, "wall_s": 1.0, "top_s": {}}
