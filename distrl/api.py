@@ -54,6 +54,23 @@ def validate(cfg: Config, address: str | None = None) -> None:
         raise ConfigError(f"config key 'workers': {cfg.workers} workers cannot run on this machine without a "
                           f"cluster; it can host {limit} ({WORKERS_PER_CORE} per core, within free memory). "
                           "Use fewer, or --address to join a Ray cluster")
+    if cfg.mode != "single":  # single mode starts no Ray: placement does not apply
+        _check_placement_amounts(cfg)
+        from distrl.runtime.ray_setup import check_placement
+
+        check_placement(cfg, address)  # last: it joins (or starts) the Ray the run will use
+
+
+def _check_placement_amounts(cfg: Config) -> None:
+    """Amounts Ray accepts: a positive number, at most 1 or whole (Ray refuses 1.5 of a resource)."""
+    from distrl.runtime.ray_setup import ROLES
+
+    for role in ROLES:
+        for name, amount in getattr(cfg.placement, role).items():
+            ok = isinstance(amount, (int, float)) and not isinstance(amount, bool) and 0 < amount < 2**31
+            if not ok or (amount > 1 and amount != int(amount)) or not isinstance(name, str) or not name:
+                raise ConfigError(f"config key 'placement.{role}.{name}': expected a resource name and an amount "
+                                  f"in (0, 1] or a whole number, got {name!r}: {amount!r}")
 
 
 def _check_multiagent_env(cfg: Config):
@@ -151,7 +168,7 @@ def resume(run_dir: str, *, overrides: list[str] | None = None, address: str | N
         raise ConfigError(f"run dir not found: {run_dir}")
     if not os.path.isdir(os.path.join(run_dir, "checkpoints")):
         raise ConfigError(f"{run_dir} is not a distrl run dir (no checkpoints/)")
-    return resume_run(run_dir, overrides or [], address, validate)
+    return resume_run(run_dir, overrides or [], address, lambda cfg: validate(cfg, address))
 
 
 def evaluate(run_dir: str, episodes: int = 20, seed: int = 12345) -> dict[str, Any]:

@@ -120,3 +120,57 @@ def test_every_shipped_config_runs_in_a_mode_its_algorithm_supports(path):
 def test_from_dict_rejects_unknown_algo_section_key():
     with pytest.raises(ConfigError, match="unknown config key 'apex_dqn.nstep'"):
         from_dict({"apex_dqn": {"nstep": 3}})
+
+
+def test_placement_section_takes_resources_per_role_and_defaults_to_ray_scheduling():
+    cfg = load_config(None, ["placement.learner={GPU: 1}", "placement.workers={worker_node: 1}"])
+    assert cfg.placement.learner == {"GPU": 1} and cfg.placement.workers == {"worker_node": 1}
+    assert cfg.placement.replay == {} and cfg.placement.workers_strategy == "default"
+    with pytest.raises(ConfigError, match="placement.workers_strategy': must be one of default, spread"):
+        load_config(None, ["placement.workers_strategy=pack"])
+
+
+@pytest.mark.parametrize("amount", ["-1", "0", "1.5", "abc", "true", ".nan"])
+def test_placement_amounts_ray_would_refuse_name_the_key(amount):
+    from distrl.api import validate
+
+    with pytest.raises(ConfigError, match="config key 'placement.replay.slot'"):
+        validate(load_config(None, ["mode=sync", f"placement.replay={{slot: {amount}}}"]))
+
+
+def test_single_mode_ignores_placement():
+    from distrl.api import validate
+
+    validate(load_config(None, ["mode=single", "placement.learner={nowhere: 1}", "placement.workers={x: -1}"]))
+
+
+def fake_cluster(monkeypatch, *nodes):
+    import ray
+
+    from distrl.runtime import ray_setup
+
+    monkeypatch.setattr(ray_setup, "init_ray", lambda address: None)
+    monkeypatch.setattr(ray, "nodes", lambda: [{"Alive": True, "Resources": r} for r in nodes] +
+                        [{"Alive": False, "Resources": {"slot": 100, "CPU": 100}}])
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["placement.learner={nope: 1}"], r"'placement.learner': learner asks for nope: 1 per actor; .* no node offering it"),
+    (["placement.replay={slot: 3}"], r"'placement.replay': .*slot: 3 per actor; .* at most 2 on one node"),
+    (["workers=3", "placement.workers={slot: 1}"], r"'placement.workers': .*slot: 3 in all; .* has 2"),
+    (["workers=4"], r"'placement.workers': .*CPU: 5 in all; .* has 4"),  # on a cluster a worker takes a CPU
+])
+def test_a_placement_the_cluster_cannot_host_names_the_role_and_resource(monkeypatch, overrides, message):
+    from distrl.runtime.ray_setup import check_placement
+
+    fake_cluster(monkeypatch, {"CPU": 2}, {"CPU": 2, "slot": 2})
+    with pytest.raises(ConfigError, match=message):
+        check_placement(load_config(None, ["device=cpu"] + overrides), "head:6379")
+
+
+def test_a_placement_the_cluster_can_host_passes(monkeypatch):
+    from distrl.runtime.ray_setup import check_placement
+
+    fake_cluster(monkeypatch, {"CPU": 2}, {"CPU": 2, "slot": 2})
+    check_placement(load_config(None, ["device=cpu", "workers=2", "placement.workers={slot: 1}",
+                                       "placement.learner={CPU: 2}"]), "head:6379")

@@ -21,8 +21,8 @@ from distrl.config.algorithms import (A2CConfig, A3CConfig, ApexDQNConfig, DHCCo
                                       R2D2Config, SACConfig)
 from distrl.config.fields import MODES, ConfigError, f
 from distrl.config.sections import (AsyncConfig, CheckpointConfig, EnvConfig, EvalConfig, FaultConfig,
-                                    LearnerConfig, LogConfig, QueueConfig, ReplayConfig, RolloutConfig,
-                                    SequenceConfig, StopConfig)
+                                    LearnerConfig, LogConfig, PlacementConfig, QueueConfig, ReplayConfig,
+                                    RolloutConfig, SequenceConfig, StopConfig)
 from distrl.registry import ALGOS
 
 __all__ = ["MODES", "Config", "ConfigError", "apply_overrides", "describe", "dump_yaml", "from_dict",
@@ -48,6 +48,7 @@ class Config:
     log: LogConfig = field(default_factory=LogConfig, metadata={"doc": "logging"})
     fault: FaultConfig = field(default_factory=FaultConfig, metadata={"doc": "fault tolerance"})
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig, metadata={"doc": "whole-run checkpoints"})
+    placement: PlacementConfig = field(default_factory=PlacementConfig, metadata={"doc": "where the Ray roles run (sync, async)"})
     apex_dqn: ApexDQNConfig = field(default_factory=ApexDQNConfig, metadata={"doc": "Ape-X DQN hyper-parameters"})
     sac: SACConfig = field(default_factory=SACConfig, metadata={"doc": "SAC hyper-parameters"})
     r2d2: R2D2Config = field(default_factory=R2D2Config, metadata={"doc": "R2D2 hyper-parameters"})

@@ -1,4 +1,4 @@
-"""The run-level sections of a config: env, rollout, replay, learner, evaluation, stops, faults, logging."""
+"""The run-level sections of a config: env, rollout, replay, learner, evaluation, stops, faults, logging, placement."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -103,3 +103,23 @@ class LogConfig:
     tensorboard: bool = f(True, "write TensorBoard event files into the run dir")
     trace: bool = f(False, "record what every process does into RUN_DIR/trace.json (distrl timeline / report)")
     trace_events: int = f(200_000, "events each process keeps for the trace (a ring: the newest are kept)", lo=1, hi=10_000_000)
+
+
+@dataclass
+class PlacementConfig:
+    """Where the Ray roles run (sync and async modes; single mode starts no Ray and ignores this section).
+
+    Each role's mapping names Ray resources every one of its actors asks for, on top of what it always
+    asks (on a cluster: a CPU per worker and for the learner, a GPU for a cuda learner): a custom
+    resource a node was started with (`ray start --resources '{"learner_node": 1}'`), CPU, GPU or memory.
+    A placement no node of the cluster can meet is refused before any actor starts.
+    """
+
+    learner: dict = f({}, "Ray resources the learner asks for, e.g. {GPU: 1} or {learner_node: 1} (ignored in single mode)")
+    workers: dict = f({}, "Ray resources each rollout worker asks for, e.g. {worker_node: 1} (ignored in single mode)")
+    replay: dict = f({}, "Ray resources the replay server asks for (ignored in single mode)")
+    evaluator: dict = f({}, "Ray resources the evaluator asks for (ignored in single mode)")
+    parameter_server: dict = f({}, "Ray resources the parameter server asks for (ignored in single mode)")
+    workers_strategy: str = f("default", "how Ray places the workers: default (Ray's own: fill a node up to half its "
+                              "resources, then the next) | spread (Ray's SPREAD: round-robin over the nodes)",
+                              choices=("default", "spread"))

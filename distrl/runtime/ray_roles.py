@@ -16,7 +16,7 @@ from distrl.observe.trace import configure, tracer
 from distrl.roles.experience import write_store
 from distrl.roles.factory import resolve_device, trace_settings
 from distrl.runtime.actors import Evaluator, Learner, ParameterServer, ReplayServer, RolloutWorker
-from distrl.runtime.ray_setup import ACTOR_GONE, heap_runtime_env, init_ray
+from distrl.runtime.ray_setup import ACTOR_GONE, actor_options, heap_runtime_env, init_ray, role_resources
 from distrl.runtime.watch import RoleLost, RoleWatch
 from distrl.runtime.workers import WorkerPool
 
@@ -32,18 +32,21 @@ class RayRoles(Roles):
         d, f = to_dict(cfg), cfg.fault
         device = resolve_device(cfg.device)
         heap_env = heap_runtime_env()
-        # On a cluster each worker and the learner reserve a CPU, so Ray spreads them over nodes;
-        # embedded on one machine, reservations would only cap the worker count.
-        cpus = 1 if address else 0
+        place = {name: actor_options(res) for name, res in role_resources(cfg, bool(address), device).items()}
         role = {"max_restarts": f.max_role_restarts, "max_task_retries": 0}
-        self.ps = ParameterServer.options(**role).remote(trace_settings(cfg))
-        self.replay = ReplayServer.options(**role, runtime_env=heap_env).remote(d, run_dir)
-        self.learner = Learner.options(**role, num_cpus=cpus, num_gpus=1 if device.startswith("cuda") else 0,
-                                       runtime_env=heap_env).remote(d, self.ps, self.replay, device)
-        self.evaluator = Evaluator.options(**role).remote(d, self.ps, run_dir, start_time, eval_resume)
-        # A dead worker is restarted by Ray (same constructor args) and re-syncs its weights on its
-        # first sample; its in-flight fragment is lost and counted by the driver.
-        workers = [RolloutWorker.options(num_cpus=cpus, max_restarts=f.max_worker_restarts + 1,
+        self.ps = ParameterServer.options(**role, **place["parameter_server"]).remote(trace_settings(cfg))
+        self.replay = ReplayServer.options(**role, **place["replay"], runtime_env=heap_env).remote(d, run_dir)
+        self.learner = Learner.options(**role, **place["learner"], runtime_env=heap_env).remote(
+            d, self.ps, self.replay, device)
+        self.evaluator = Evaluator.options(**role, **place["evaluator"]).remote(d, self.ps, run_dir, start_time,
+                                                                                eval_resume)
+        # A dead worker is restarted by Ray with the same constructor args and options (so the same
+        # placement) and re-syncs its weights on its first sample; its in-flight fragment is lost and
+        # counted by the driver. Spreading uses Ray's SPREAD strategy rather than a placement group: it is
+        # one option per actor that Ray applies again on a restart, while a group reserves every bundle up
+        # front, has to be re-placed after a node loss, and must be removed at the end.
+        spread = {"scheduling_strategy": "SPREAD"} if cfg.placement.workers_strategy == "spread" else {}
+        workers = [RolloutWorker.options(**place["workers"], **spread, max_restarts=f.max_worker_restarts + 1,
                                          max_task_retries=0).remote(d, i, cfg.workers, self.ps)
                    for i in range(cfg.workers)]
         self.pool = WorkerPool(workers, cfg)

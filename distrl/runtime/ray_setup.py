@@ -1,4 +1,5 @@
-"""Starting or joining Ray, and the allocator the heavy actors run on."""
+"""Starting or joining Ray, what each role asks the cluster for (and whether it can get it), and the
+allocator the heavy actors run on."""
 from __future__ import annotations
 
 import ctypes
@@ -23,7 +24,9 @@ def init_ray(address: str | None) -> None:
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     if address:
         try:
-            ray.init(address=address, log_to_driver=True)
+            # Ray's own INFO lines ("Connecting to existing Ray cluster ...") stay off, as embedded:
+            # a refused config is one line on stderr. Its warnings still show.
+            ray.init(address=address, log_to_driver=True, configure_logging=False)
         except (ConnectionError, RuntimeError, ValueError, TimeoutError) as e:
             raise ConfigError(f"--address {address}: cannot join a Ray cluster there ({_first_line(e)})") from None
     else:
@@ -48,6 +51,58 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
         socket.create_connection((host, int(port)), timeout=timeout_s).close()
     except OSError as e:
         raise ConfigError(f"--address {address}: no Ray cluster answers there ({e.strerror or e})") from None
+
+
+ROLES = ("learner", "replay", "parameter_server", "evaluator", "workers")
+
+
+def role_resources(cfg, clustered: bool, device: str) -> dict[str, dict[str, float]]:
+    """What one actor of each role asks Ray for: its `placement` plus what the role always reserves.
+
+    On a cluster each worker and the learner reserve a CPU, so Ray spreads them over nodes; embedded on
+    one machine, reservations would only cap the worker count (the other roles mostly wait: no CPU).
+    """
+    cpus = 1.0 if clustered else 0.0
+    always = {"workers": {"CPU": cpus},
+              "learner": {"CPU": cpus, "GPU": 1.0 if device.startswith("cuda") else 0.0}}
+    return {role: {**always.get(role, {"CPU": 0.0}), **{str(k): float(v) for k, v in getattr(cfg.placement, role).items()}}
+            for role in ROLES}
+
+
+def actor_options(resources: dict[str, float]) -> dict:
+    """`.options()` for an actor asking for `resources` (Ray takes CPU and GPU only as num_cpus / num_gpus)."""
+    custom = {k: v for k, v in resources.items() if k not in ("CPU", "GPU")}
+    return {"num_cpus": resources.get("CPU", 0.0), "num_gpus": resources.get("GPU", 0.0), "resources": custom}
+
+
+def check_placement(cfg, address: str | None) -> None:
+    """ConfigError naming the role and the resource when the cluster cannot host a role's actors (no node
+    offers enough of a resource, or all the roles together need more than the cluster has): Ray itself
+    would leave such an actor pending for ever. Joins (or starts) the Ray the run will use."""
+    from distrl.roles.factory import resolve_device
+
+    wanted = role_resources(cfg, bool(address), resolve_device(cfg.device))
+    if not address and not any(v > 0 for res in wanted.values() for v in res.values()):
+        return  # embedded and asking for nothing: no need to start Ray to know it fits
+    init_ray(address)
+    nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+    where = f"the cluster at {address}" if address else "the embedded Ray (no --address)"
+    needed: dict[str, float] = {}
+    for role in ROLES:
+        count = cfg.workers if role == "workers" else 1
+        for name, amount in wanted[role].items():
+            if amount <= 0:
+                continue
+            most = max((node.get(name, 0.0) for node in nodes), default=0.0)
+            if most < amount:
+                offered = f"at most {most:g} on one node" if most else "no node offering it"
+                raise ConfigError(f"config key 'placement.{role}': {role} asks for {name}: {amount:g} per actor; "
+                                  f"{where} has {offered}")
+            needed[name] = needed.get(name, 0.0) + amount * count
+            total = sum(node.get(name, 0.0) for node in nodes)
+            if needed[name] > total + 1e-9:
+                raise ConfigError(f"config key 'placement.{role}': the roles up to {role} need {name}: "
+                                  f"{needed[name]:g} in all; {where} has {total:g}")
 
 
 def heap_runtime_env() -> dict:
