@@ -1,0 +1,196 @@
+"""Runs on a real multi-node Ray cluster on this machine: placement per role, spread workers, a refused
+placement, and a node lost (and another joining) mid-run.
+
+One `ray.cluster_utils.Cluster` (a head and two more nodes, each with its own custom resource) serves
+the whole module. The session's embedded Ray (`ray_session`) is shut down first and started again at
+the end, so the test modules that run after this one find it as they left it.
+"""
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import ray
+from ray.cluster_utils import Cluster
+
+from distrl import train
+from distrl.config import ConfigError
+from distrl.runtime.ray_setup import init_ray
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CARTPOLE = os.path.join(ROOT, "configs", "apex_dqn_cartpole.yaml")
+QUICK = ["log.tensorboard=false", "log.progress=false", "log.trace=true", "eval.episodes=2", "eval.interval_s=2",
+         "replay.min_size=500", "learner.batch_size=64", "checkpoint.interval_s=3", "stop.max_seconds=60"]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """head {head_node}, a {node_a, 2 worker slots}, b {node_b, 2 worker slots}; 2 logical CPUs each."""
+    embedded = ray.is_initialized()
+    ray.shutdown()
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"head_node": 4},
+                                                      "include_dashboard": False})
+    c.nodes_by_name = {"head": c.head_node}
+    for name in ("a", "b"):
+        c.nodes_by_name[name] = c.add_node(num_cpus=2, resources={f"node_{name}": 4, "worker_slot": 2})
+    c.wait_for_nodes()
+    ray.init(address=c.address)
+    yield c
+    ray.shutdown()
+    c.shutdown()
+    if embedded:
+        init_ray(None)
+
+
+def node_ids(c) -> dict[str, str]:
+    """Node name ('head', 'a', ...) -> the 8-character node id prefix traces carry."""
+    return {name: node.node_id[:8] for name, node in c.nodes_by_name.items()}
+
+
+def traced(run_dir: str) -> dict[str, tuple[str, set]]:
+    """Process name ('learner', 'worker 0', ...) -> (the node its trace says it ran on, what it did)."""
+    with open(os.path.join(run_dir, "trace.json")) as fh:
+        events = json.load(fh)["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "process_name"}
+    labels = {e["pid"]: e["args"]["labels"] for e in events if e.get("ph") == "M" and e["name"] == "process_labels"}
+    did = {pid: {e["name"] for e in events if e["pid"] == pid and e.get("ph") == "X"} for pid in names}
+    return {names[pid]: (labels[pid].split(",")[0].removeprefix("node "), did[pid]) for pid in names}
+
+
+def placed(run_dir: str) -> dict[str, str]:
+    """Process name -> the node it ran on."""
+    return {name: node for name, (node, _) in traced(run_dir).items()}
+
+
+def assert_run_dir(run_dir: str, summary: dict) -> None:
+    for name in ("config.yaml", "metrics.csv", "summary.json", "trace.json", "checkpoints/best.safetensors"):
+        assert os.path.isfile(os.path.join(run_dir, name)), name
+    ckpts = os.path.join(run_dir, "checkpoints")
+    assert any(os.path.isfile(os.path.join(ckpts, d, "DONE")) for d in os.listdir(ckpts) if d.startswith("ckpt-"))
+    with open(os.path.join(run_dir, "summary.json")) as fh:
+        assert json.load(fh)["env_steps"] == summary["env_steps"] > 0
+
+
+def test_sync_run_puts_every_role_on_the_node_its_placement_asks_for(cluster, tmp_path):
+    run_dir = str(tmp_path / "run")
+    summary = train(CARTPOLE, run_dir=run_dir, address=cluster.address, overrides=QUICK + [
+        "mode=sync", "workers=4", "stop.max_env_steps=2000",
+        "placement.learner={head_node: 1}", "placement.replay={node_a: 1}", "placement.evaluator={node_b: 1}",
+        "placement.parameter_server={node_a: 1}", "placement.workers={worker_slot: 1}"])
+    assert summary["stop_reason"] == "max_env_steps"
+    assert_run_dir(run_dir, summary)  # the replay on node a wrote its store through the driver
+    ids, where = node_ids(cluster), placed(run_dir)
+    assert (where["learner"], where["replay"], where["evaluator"], where["parameter server"]) == (
+        ids["head"], ids["a"], ids["b"], ids["a"])
+    workers = [where[f"worker {i}"] for i in range(4)]
+    assert sorted(workers) == sorted([ids["a"], ids["a"], ids["b"], ids["b"]])  # two slots on each
+
+
+def test_async_run_spreads_its_workers_over_the_nodes(cluster, tmp_path):
+    run_dir = str(tmp_path / "run")
+    summary = train(CARTPOLE, run_dir=run_dir, address=cluster.address, overrides=QUICK + [
+        "mode=async", "workers=3", "stop.max_env_steps=3000", "placement.workers_strategy=spread",
+        "placement.learner={node_b: 1}", "placement.replay={head_node: 1}", "placement.evaluator={node_a: 1}",
+        "placement.parameter_server={head_node: 1}"])
+    assert summary["stop_reason"] == "max_env_steps"
+    assert_run_dir(run_dir, summary)
+    ids, where = node_ids(cluster), placed(run_dir)
+    assert (where["learner"], where["replay"], where["evaluator"], where["parameter server"]) == (
+        ids["b"], ids["head"], ids["a"], ids["head"])
+    assert len({where[f"worker {i}"] for i in range(3)}) > 1
+
+
+def test_an_impossible_placement_is_one_line_and_exit_2_before_anything_starts(cluster, tmp_path):
+    run_dir = tmp_path / "run"
+    out = subprocess.run([sys.executable, "-m", "distrl.cli", "train", CARTPOLE, "--address", cluster.address,
+                          "--run-dir", str(run_dir), "--set", "placement.learner={nope: 1}"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "placement.learner" in lines[0] and "nope" in lines[0], out.stderr
+    assert not run_dir.exists()
+    # More than the cluster's total: five workers for four slots (in-process: the same validation).
+    with pytest.raises(ConfigError, match=r"placement\.workers.*worker_slot: 5 in all.* has 4"):
+        train(CARTPOLE, run_dir=str(run_dir), address=cluster.address,
+              overrides=["workers=5", "placement.workers={worker_slot: 1}"])
+    with pytest.raises(ConfigError, match=r"placement\.evaluator.*node_a: 5 per actor.*at most 4 on one node"):
+        train(CARTPOLE, run_dir=str(run_dir), address=cluster.address, overrides=["placement.evaluator={node_a: 5}"])
+    assert not run_dir.exists()
+
+
+def metrics_rows(run_dir: str) -> list[dict]:
+    try:
+        with open(os.path.join(run_dir, "metrics.csv")) as fh:
+            return [{k: float(v) for k, v in r.items() if k in ("wall_s", "env_steps", "worker_restarts")}
+                    for r in csv.DictReader(fh)]
+    except FileNotFoundError:
+        return []
+
+
+def wait_for(run_dir: str, what, deadline: float) -> list[dict]:
+    while time.time() < deadline:
+        rows = metrics_rows(run_dir)
+        if rows and what(rows):
+            return rows
+        time.sleep(0.2)
+    raise AssertionError(f"timed out; metrics: {metrics_rows(run_dir)[-3:]}")
+
+
+def join_node(address: str, resources: dict) -> subprocess.Popen:
+    """A node joining later, as on a real cluster: `ray start --block` (ends with its node when terminated).
+    Cluster.add_node cannot be called here: it installs a signal handler, and this runs in a thread."""
+    ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
+    return subprocess.Popen([ray_cli, "start", "--address", address, "--num-cpus", "1", "--block",
+                             "--resources", json.dumps(resources), "--disable-usage-stats"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def lose_node_b_then_add_node_c(cluster, run_dir: str, log: dict) -> None:
+    """Node b goes once the run samples; node c joins once its workers are lost; the run is interrupted
+    (SIGINT, a clean stop) once a worker came back and the run sampled on for a few more rows."""
+    deadline = time.time() + 120
+    wait_for(run_dir, lambda rows: rows[-1]["env_steps"] > 0, deadline)
+    cluster.remove_node(cluster.nodes_by_name.pop("b"))
+    log["lost_at"] = metrics_rows(run_dir)[-1]
+    time.sleep(2 + 1)  # past fault.worker_timeout_s: both of node b's workers are lost
+    log["node_c"] = join_node(cluster.address, {"node_c": 1, "worker_slot": 1})
+    back = len(wait_for(run_dir, lambda rows: rows[-1]["worker_restarts"] >= 1, deadline))
+    wait_for(run_dir, lambda rows: len(rows) >= back + 3, deadline)
+    if "summary" not in log:  # the run is still going (never interrupt pytest itself)
+        os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_a_lost_node_costs_its_workers_and_a_node_joining_later_takes_them_back(cluster, tmp_path):
+    """Node b (two of four workers) goes; node c joins with one worker slot: one worker comes back there,
+    the other stays lost (counted in summary.json), and the run goes on to a clean end on the rest."""
+    run_dir = str(tmp_path / "run")
+    log: dict = {}
+    chaos = threading.Thread(target=lose_node_b_then_add_node_c, args=(cluster, run_dir, log), daemon=True)
+    chaos.start()
+    try:
+        log["summary"] = summary = train(CARTPOLE, run_dir=run_dir, address=cluster.address, overrides=QUICK + [
+            "mode=async", "workers=4", "stop.max_seconds=100", "eval.target_return=null",
+            "fault.worker_timeout_s=2", "log.interval_s=0.5", "placement.workers={worker_slot: 1}",
+            "placement.learner={head_node: 1}", "placement.replay={head_node: 1}",
+            "placement.parameter_server={head_node: 1}", "placement.evaluator={node_a: 1}"])
+        chaos.join(timeout=5)
+        node_c = next(n["NodeID"][:8] for n in ray.nodes() if n["Alive"] and "node_c" in n["Resources"])
+    finally:
+        if "node_c" in log:
+            log["node_c"].terminate()
+            log["node_c"].wait(timeout=60)
+    assert summary["stop_reason"] == "interrupted" and summary["failure"] is None, summary
+    assert summary["workers_lost"] == 1 and summary["worker_restarts"] == 1, summary
+    assert summary["env_steps"] > log["lost_at"]["env_steps"]  # it kept sampling after the loss
+    assert_run_dir(run_dir, summary)
+    # The one that came back kept its placement (a free worker slot: node c's, not the head's CPUs) and
+    # sampled there; the lost one's trace went with its node.
+    ids, processes = node_ids(cluster), traced(run_dir)
+    workers = {name: proc for name, proc in processes.items() if name.startswith("worker")}
+    assert sorted(node for node, _ in workers.values()) == sorted([ids["a"], ids["a"], node_c])
+    assert all("sample" in did for _, did in workers.values())
