@@ -68,6 +68,11 @@ class ReplayBuffer:
             return 0
         return int(sum(a.nbytes for a in self._storage.values()))
 
+    @property
+    def checkpoint_nbytes(self) -> int:
+        """Bytes of stored items a checkpoint writes (the filled slots only)."""
+        return self.nbytes * self._size // self.capacity
+
     def _leaf_values(self, p: np.ndarray) -> np.ndarray:
         return (np.abs(p).astype(np.float64) + self.eps) ** self.alpha
 
@@ -198,8 +203,10 @@ class ReplayBuffer:
 
     # ---------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
-        """Snapshot made of numpy arrays and python scalars only (arrays copied)."""
+        """Snapshot made of numpy arrays and python scalars only (arrays copied). Only the filled slots
+        are kept: until the ring is full they are [0, size), the rest is zeros by construction."""
         rng = self._rng.bit_generator.state
+        n = self._size
         state: dict[str, Any] = {
             "capacity": self.capacity,
             "prioritized": self.prioritized,
@@ -207,9 +214,9 @@ class ReplayBuffer:
             "size": self._size,
             "sample_count": self._sample_count,
             "max_priority": self._max_priority,
-            "generations": self._gen.copy(),
+            "generations": self._gen[:n].copy(),
             "priorities": (
-                self._tree.get(np.arange(self.capacity)) if self._tree is not None
+                self._tree.get(np.arange(n)) if self._tree is not None
                 else np.zeros(0, dtype=np.float64)
             ),
             # PCG64 state is two 128-bit ints plus a cached 32-bit half-draw.
@@ -219,29 +226,33 @@ class ReplayBuffer:
             "rng_uinteger": int(rng["uinteger"]),
         }
         for k, v in (self._storage or {}).items():
-            state[_STORAGE_PREFIX + k] = v.copy()
+            state[_STORAGE_PREFIX + k] = v[:n].copy()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a :meth:`state_dict` snapshot (capacity and mode must match)."""
         if int(state["capacity"]) != self.capacity or bool(state["prioritized"]) != self.prioritized:
             raise ValueError("state_dict capacity/prioritized mismatch")
-        storage = {
-            k[len(_STORAGE_PREFIX) :]: np.array(v, copy=True)
-            for k, v in state.items()
-            if k.startswith(_STORAGE_PREFIX)
-        }
+        storage = {k[len(_STORAGE_PREFIX):]: _padded(v, self.capacity)
+                   for k, v in state.items() if k.startswith(_STORAGE_PREFIX)}
         self._storage = storage or None
         self._cursor = int(state["cursor"])
         self._size = int(state["size"])
         self._sample_count = int(state["sample_count"])
         self._max_priority = float(state["max_priority"])
-        self._gen = np.array(state["generations"], dtype=np.int64, copy=True)
+        self._gen = _padded(np.asarray(state["generations"], np.int64), self.capacity)
         if self._tree is not None:
-            self._tree.set_all(np.asarray(state["priorities"], dtype=np.float64))
+            self._tree.set_all(_padded(np.asarray(state["priorities"], np.float64), self.capacity))
         self._rng.bit_generator.state = {
             "bit_generator": "PCG64",
             "state": {"state": int(state["rng_state"]), "inc": int(state["rng_inc"])},
             "has_uint32": int(state["rng_has_uint32"]),
             "uinteger": int(state["rng_uinteger"]),
         }
+
+
+def _padded(rows: np.ndarray, capacity: int) -> np.ndarray:
+    """A capacity-long copy of the first rows of a ring buffer's array, zeros after them."""
+    out = np.zeros((capacity, *np.shape(rows)[1:]), dtype=np.asarray(rows).dtype)
+    out[:len(rows)] = rows
+    return out

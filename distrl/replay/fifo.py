@@ -27,6 +27,8 @@ class FragmentQueue:
         """Bytes held by the queued fragments' arrays."""
         return sum(v.nbytes for item in self._items for v in item.values())
 
+    checkpoint_nbytes = nbytes  # a checkpoint writes every queued fragment
+
     def add(self, items: dict[str, np.ndarray], priorities=None) -> None:
         """Accepts past capacity: the driver enforces the bound by not relaunching workers."""
         self._items.append(items)

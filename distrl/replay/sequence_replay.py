@@ -90,6 +90,8 @@ class SequenceReplay:
         arrays = [*(self._data or {}).values(), *self._chunk.values(), *self._items.values()]
         return int(sum(a.nbytes for a in arrays))
 
+    checkpoint_nbytes = nbytes  # an upper bound: a checkpoint writes the live chunks and items only
+
     def chunk_refcounts(self) -> dict[int, int]:
         """Live chunk keys and how many stored items reference each."""
         return {k: int(self._chunk["refs"][s]) for k, s in self._slot_of.items()}

@@ -37,7 +37,7 @@ class ExperienceServer:
     def state(self, max_bytes: int) -> dict | None:
         """The store's contents for a checkpoint, or None when larger than `max_bytes`
         (a resumed run then refills it from the workers)."""
-        return self.store.state_dict() if self.store.nbytes <= max_bytes else None
+        return self.store.state_dict() if self.store.checkpoint_nbytes <= max_bytes else None
 
     def write(self, directory: str, max_bytes: int) -> tuple[dict | None, dict]:
         """Write the contents into a checkpoint directory being built: (skeleton or None, meta).

@@ -203,3 +203,21 @@ def test_state_dict_empty_buffer():
     assert len(b) == 0 and b.nbytes == 0
     with pytest.raises(ValueError):
         ReplayBuffer(5).load_state_dict(sd)
+
+
+@pytest.mark.parametrize("prioritized", [True, False])
+def test_a_partly_filled_buffer_saves_only_its_items_and_resumes_identically(prioritized):
+    a = ReplayBuffer(100_000, prioritized=prioritized, seed=3)
+    a.add(_items(0, 40), priorities=np.arange(1.0, 41.0) if prioritized else None)
+    sd = a.state_dict()
+    assert len(sd["storage/act"]) == len(sd["generations"]) == 40 and a.checkpoint_nbytes == 40 * (2 * 4 + 8)
+    b = ReplayBuffer(100_000, prioritized=prioritized, seed=99)
+    b.load_state_dict(sd)
+    for buf in (a, b):
+        buf.add(_items(40, 5), priorities=np.full(5, 2.0) if prioritized else None)
+    (ba, ia, wa), (bb, ib, wb) = a.sample(16), b.sample(16)
+    np.testing.assert_array_equal(ia, ib)
+    np.testing.assert_array_equal(wa, wb)
+    for k in ba:
+        np.testing.assert_array_equal(ba[k], bb[k])
+    assert len(b) == 45 and b.nbytes == a.nbytes
