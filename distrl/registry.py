@@ -23,17 +23,22 @@ class Entry(NamedTuple):
     """"module:Class" of the acting half."""
     multi_agent: bool = False
     """Acts for every agent of a `distrl.envs.multiagent.MultiAgentEnv` at once."""
+    gradient_workers: bool = False
+    """Its learner can share each step's gradient with gradient workers (`distrl.algos.sharding`)."""
 
 
 ALGOS: dict[str, Entry] = {
-    "apex_dqn": Entry("distrl.algos.apex_dqn", "replay", "distrl.algos.apex_dqn_acting:DQNPolicy"),
+    "apex_dqn": Entry("distrl.algos.apex_dqn", "replay", "distrl.algos.apex_dqn_acting:DQNPolicy",
+                      gradient_workers=True),
     "sac": Entry("distrl.algos.sac", "replay", "distrl.algos.sac_acting:SACPolicy"),
     "r2d2": Entry("distrl.algos.r2d2", "sequence", "distrl.algos.r2d2_acting:R2D2Policy"),
     "dhc": Entry("distrl.algos.dhc", "sequence", "distrl.algos.dhc_acting:DHCPolicy", multi_agent=True),
     "a2c": Entry("distrl.algos.a2c", "trajectory", "distrl.algos.actor_critic_acting:ActorCriticPolicy"),
     "a3c": Entry("distrl.algos.a3c", "gradients", "distrl.algos.a3c:A3CPolicy"),  # computes gradients: torch
-    "ppo": Entry("distrl.algos.ppo", "trajectory", "distrl.algos.actor_critic_acting:ActorCriticPolicy"),
-    "impala": Entry("distrl.algos.impala", "trajectory", "distrl.algos.actor_critic_acting:ActorCriticPolicy"),
+    "ppo": Entry("distrl.algos.ppo", "trajectory", "distrl.algos.actor_critic_acting:ActorCriticPolicy",
+                 gradient_workers=True),
+    "impala": Entry("distrl.algos.impala", "trajectory", "distrl.algos.actor_critic_acting:ActorCriticPolicy",
+                    gradient_workers=True),
 }
 
 
@@ -58,6 +63,10 @@ def make_policy(cfg, spec, worker_index: int, num_workers: int):
 def data_path(name: str) -> str:
     """Where this algorithm's experience goes, known without importing torch."""
     return ALGOS[name].data_path
+
+
+def takes_gradient_workers(name: str) -> bool:
+    return ALGOS[name].gradient_workers
 
 
 def multi_agent(name: str) -> bool:

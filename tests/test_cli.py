@@ -47,6 +47,10 @@ def run_main(capsys, *argv):
     (["train", CARTPOLE, "--set", "replay.alpha=.nan"], "config key 'replay.alpha': must be a finite number"),
     (["train", CARTPOLE, "--set", "eval.target_return=.inf"], "config key 'eval.target_return': must be a finite number"),
     (["train", CARTPOLE, "--set", "apex_dqn.hidden=[64, x]"], "config key 'apex_dqn.hidden': must be a non-empty list"),
+    (["train", CARTPOLE, "--mode", "single", "--set", "learner.num_gradient_workers=2"],
+     "config key 'learner.num_gradient_workers': gradient workers are Ray actors"),
+    (["train", CARTPOLE, "--set", "algo=r2d2", "--set", "learner.num_gradient_workers=2"],
+     "config key 'learner.num_gradient_workers': r2d2 has no gradient workers"),
 ])
 def test_bad_input_is_one_line_exit_2_and_no_run_dir(capsys, tmp_path, argv, message):
     run_dir = tmp_path / "run"

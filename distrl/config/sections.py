@@ -56,6 +56,9 @@ class LearnerConfig:
     batches_per_call: int = f(8, "batches fetched from the replay server per round trip", lo=1, hi=1024)
     publish_interval: int = f(8, "updates between weight publications to the parameter server", lo=1)
     fragments_per_update: int = f(0, "on-policy: fragments per update (0 = one per worker)", lo=0)
+    num_gradient_workers: int = f(1, "processes that each compute the gradient of a share of every step's rows "
+                                  "for the learner's one optimizer step (1 = the learner alone; sync and async "
+                                  "modes; apex_dqn, impala, ppo)", lo=1, hi=256)
 
 
 @dataclass
@@ -120,6 +123,7 @@ class PlacementConfig:
     replay: dict = f({}, "Ray resources the replay server asks for (ignored in single mode)")
     evaluator: dict = f({}, "Ray resources the evaluator asks for (ignored in single mode)")
     parameter_server: dict = f({}, "Ray resources the parameter server asks for (ignored in single mode)")
+    gradient_workers: dict = f({}, "Ray resources each gradient worker asks for (ignored in single mode)")
     workers_strategy: str = f("default", "how Ray places the workers: default (Ray's own: fill a node up to half its "
                               "resources, then the next) | spread (Ray's SPREAD: round-robin over the nodes)",
                               choices=("default", "spread"))

@@ -216,7 +216,7 @@ class RayIO(LearnerIO):
 class Learner(Traced):
     """Hosts the `LearnerLoop`: the only optimizer.step(), prefetching its next block while it trains."""
 
-    def __init__(self, cfg_dict: dict, ps, replay, device: str):
+    def __init__(self, cfg_dict: dict, ps, replay, device: str, gradient_workers: list | None = None):
         from distrl.roles.factory import build_algorithm
         from distrl.roles.learning import LearnerLoop
         from distrl.threads import one_compute_thread
@@ -224,7 +224,11 @@ class Learner(Traced):
         one_compute_thread(load_torch=True)
         cfg = from_dict(cfg_dict)
         start_tracing(trace_settings(cfg), "learner")
-        self.loop = LearnerLoop(build_algorithm(cfg).make_learner(device), cfg, RayIO(ps, replay))
+        learner = build_algorithm(cfg).make_learner(device)
+        if gradient_workers:
+            learner.use_gradient_workers(ray_gradient_fn(gradient_workers, cfg.fault.role_timeout_s),
+                                         len(gradient_workers))
+        self.loop = LearnerLoop(learner, cfg, RayIO(ps, replay))
         self.trimmer = HeapTrimmer()
 
     def pid(self) -> int:
@@ -278,3 +282,39 @@ class Evaluator(Traced):
 
     def pid(self) -> int:
         return os.getpid()
+
+
+@ray.remote(num_cpus=0, enable_task_events=False)
+class GradientWorker(Traced):
+    """A replica of the learner's network and loss that computes the gradient of one shard of each
+    learner step (`distrl.algos.sharding`); it never steps an optimizer. A call is a pure function of
+    its arguments, so Ray may retry it on a restarted worker."""
+
+    def __init__(self, cfg_dict: dict, index: int):
+        from distrl.roles.factory import build_algorithm
+        from distrl.threads import one_compute_thread
+
+        one_compute_thread(load_torch=True)
+        cfg = from_dict(cfg_dict)
+        start_tracing(trace_settings(cfg), "gradient_worker", index)
+        self.replica = build_algorithm(cfg).make_learner("cpu")
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def node(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
+    def gradients(self, weights: Weights, shard: dict):
+        from distrl.algos.sharding import shard_gradient
+
+        with tracer().span("shard_gradient", "learning", rows=len(next(iter(shard.values())))):
+            return shard_gradient(self.replica, weights, shard)
+
+
+def ray_gradient_fn(workers: list, timeout_s: float):
+    """Shard i goes to gradient worker i; the weights travel once through the object store."""
+    def run(weights: Weights, shards: list[dict]) -> list:
+        ref = ray.put(weights)
+        return ray.get([w.gradients.remote(ref, s) for w, s in zip(workers, shards)], timeout=timeout_s)
+    return run

@@ -57,7 +57,7 @@ def run_training(cfg: Config, run_dir: str, start_time: float, address: str | No
 # What a resume may change: how long and how the run goes on, not what the checkpoint's state is.
 RESUMABLE = ("stop.", "log.", "eval.", "checkpoint.", "fault.", "async.", "workers", "mode", "device",
              "learner.batches_per_call", "learner.publish_interval", "replay.samples_per_insert",
-             "replay.error_buffer", "replay.beta_steps")
+             "replay.error_buffer", "replay.beta_steps", "placement.", "learner.num_gradient_workers")
 
 
 def resume_config(ckpt_config: dict, overrides: list[str]) -> Config:

@@ -15,8 +15,9 @@ from distrl.core import Gathered, Restarts, Roles, RunState, TrainStats
 from distrl.observe.trace import configure, tracer
 from distrl.roles.experience import write_store
 from distrl.roles.factory import resolve_device, trace_settings
-from distrl.runtime.actors import Evaluator, Learner, ParameterServer, ReplayServer, RolloutWorker
-from distrl.runtime.ray_setup import ACTOR_GONE, actor_options, heap_runtime_env, init_ray, role_resources
+from distrl.runtime.actors import Evaluator, GradientWorker, Learner, ParameterServer, ReplayServer, RolloutWorker
+from distrl.runtime.ray_setup import (ACTOR_GONE, actor_options, heap_runtime_env, init_ray, role_count,
+                                     role_resources)
 from distrl.runtime.watch import RoleLost, RoleWatch
 from distrl.runtime.workers import WorkerPool
 
@@ -36,8 +37,14 @@ class RayRoles(Roles):
         role = {"max_restarts": f.max_role_restarts, "max_task_retries": 0}
         self.ps = ParameterServer.options(**role, **place["parameter_server"]).remote(trace_settings(cfg))
         self.replay = ReplayServer.options(**role, **place["replay"], runtime_env=heap_env).remote(d, run_dir)
+        # Gradient workers are spread over the nodes: their point is more cores for the learner's arithmetic.
+        # A gradient call is pure, so Ray may retry it on a restarted worker.
+        self.gradient_workers = [
+            GradientWorker.options(**place["gradient_workers"], scheduling_strategy="SPREAD",
+                                   max_restarts=f.max_role_restarts, max_task_retries=3).remote(d, i)
+            for i in range(role_count(cfg, "gradient_workers"))]
         self.learner = Learner.options(**role, **place["learner"], runtime_env=heap_env).remote(
-            d, self.ps, self.replay, device)
+            d, self.ps, self.replay, device, self.gradient_workers)
         self.evaluator = Evaluator.options(**role, **place["evaluator"]).remote(d, self.ps, run_dir, start_time,
                                                                                 eval_resume)
         # A dead worker is restarted by Ray with the same constructor args and options (so the same
@@ -230,7 +237,7 @@ class RayRoles(Roles):
         """Every actor's recorded events (a dead actor's are lost with it) and the driver's own."""
         if not self.cfg.log.trace:
             return []
-        refs = [a.drain_trace.remote() for a in [*self.workers, self.learner, self.evaluator, self.replay, self.ps]]
+        refs = [a.drain_trace.remote() for a in self.actors()]
         drained = [tracer().drain()]
         for ref in refs:
             try:
@@ -239,9 +246,12 @@ class RayRoles(Roles):
                 pass
         return drained
 
+    def actors(self) -> list:
+        return [*self.workers, self.learner, self.evaluator, self.replay, self.ps, *self.gradient_workers]
+
     def worker_pids(self) -> list[int]:
         return self.pool.pids_now()
 
     def close(self) -> None:
-        for actor in [*self.workers, self.learner, self.evaluator, self.replay, self.ps]:
+        for actor in self.actors():
             ray.kill(actor)

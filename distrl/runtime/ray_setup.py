@@ -53,7 +53,7 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
         raise ConfigError(f"--address {address}: no Ray cluster answers there ({e.strerror or e})") from None
 
 
-ROLES = ("learner", "replay", "parameter_server", "evaluator", "workers")
+ROLES = ("learner", "replay", "parameter_server", "evaluator", "workers", "gradient_workers")
 
 
 def role_resources(cfg, clustered: bool, device: str) -> dict[str, dict[str, float]]:
@@ -63,10 +63,17 @@ def role_resources(cfg, clustered: bool, device: str) -> dict[str, dict[str, flo
     one machine, reservations would only cap the worker count (the other roles mostly wait: no CPU).
     """
     cpus = 1.0 if clustered else 0.0
-    always = {"workers": {"CPU": cpus},
+    always = {"workers": {"CPU": cpus}, "gradient_workers": {"CPU": cpus},
               "learner": {"CPU": cpus, "GPU": 1.0 if device.startswith("cuda") else 0.0}}
     return {role: {**always.get(role, {"CPU": 0.0}), **{str(k): float(v) for k, v in getattr(cfg.placement, role).items()}}
             for role in ROLES}
+
+
+def role_count(cfg, role: str) -> int:
+    """Actors of `role` a run starts."""
+    if role == "gradient_workers":
+        return cfg.learner.num_gradient_workers if cfg.learner.num_gradient_workers > 1 else 0
+    return cfg.workers if role == "workers" else 1
 
 
 def actor_options(resources: dict[str, float]) -> dict:
@@ -89,7 +96,7 @@ def check_placement(cfg, address: str | None) -> None:
     where = f"the cluster at {address}" if address else "the embedded Ray (no --address)"
     needed: dict[str, float] = {}
     for role in ROLES:
-        count = cfg.workers if role == "workers" else 1
+        count = role_count(cfg, role)
         for name, amount in wanted[role].items():
             if amount <= 0:
                 continue

@@ -1,0 +1,32 @@
+"""Gradient workers through real Ray actors: the learner shares each step's gradient with them."""
+import json
+import os
+
+from distrl import train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+QUIET = ["log.progress=false", "log.tensorboard=false", "log.trace=true"]
+
+
+def shard_spans(run_dir: str) -> dict[str, int]:
+    """Gradient-worker process name -> how many shard gradients it computed."""
+    with open(os.path.join(run_dir, "trace.json")) as fh:
+        events = json.load(fh)["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "process_name"}
+    out: dict[str, int] = {}
+    for e in events:
+        if e.get("ph") == "X" and e["name"] == "shard_gradient":
+            out[names[e["pid"]]] = out.get(names[e["pid"]], 0) + 1
+    return out
+
+
+def test_apex_async_with_two_gradient_workers_trains_and_both_share_every_step(ray_session, tmp_path):
+    run_dir = str(tmp_path / "run")
+    summary = train(os.path.join(ROOT, "configs", "apex_dqn_cartpole.yaml"), run_dir=run_dir,
+                    overrides=["mode=async", "workers=1", "learner.num_gradient_workers=2", "replay.min_size=500",
+                               "learner.batch_size=64", "stop.max_env_steps=6000", "eval.target_return=null", *QUIET])
+    assert summary["updates"] > 20 and summary["nonfinite_updates"] == 0
+    spans = shard_spans(run_dir)
+    assert set(spans) == {"gradient worker 0", "gradient worker 1"}
+    # Every update asks both for a shard (traces may have dropped the oldest, never one side only).
+    assert abs(spans["gradient worker 0"] - spans["gradient worker 1"]) <= 2
