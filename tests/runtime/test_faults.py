@@ -1,19 +1,14 @@
 """Fault tolerance through real processes: SIGKILLed workers, envs that raise."""
 import os
 import signal
-import subprocess
 import threading
 import time
 
 from distrl import train
+from tests.runtime.processes import pids_of
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CARTPOLE = os.path.join(ROOT, "configs", "apex_dqn_cartpole.yaml")
-
-
-def worker_pids() -> list[int]:
-    out = subprocess.run(["pgrep", "-f", "ray::RolloutWorker"], capture_output=True, text=True).stdout
-    return [int(p) for p in out.split()]
 
 
 def kill_workers(times: int, run_dir: str, log: list) -> None:
@@ -23,7 +18,7 @@ def kill_workers(times: int, run_dir: str, log: list) -> None:
     deadline = time.time() + 120
     while len(log) < times and time.time() < deadline:
         now = time.time()
-        pids = worker_pids()  # one listing: a worker restarted between two listings has no first_seen
+        pids = pids_of("RolloutWorker")  # one listing: a worker restarted between two listings has no first_seen
         for pid in pids:
             first_seen.setdefault(pid, now)
         settled = [p for p in pids if now - first_seen[p] >= 4.0 and p not in log]
@@ -58,11 +53,6 @@ def test_too_many_env_errors_stop_the_run_with_a_clear_reason(tmp_path):
     assert summary["stop_reason"] == "env_errors"
     assert "fault.max_env_errors=20" in summary["failure"]
     assert os.path.isfile(os.path.join(str(tmp_path / "run"), "summary.json"))
-
-
-def pids_of(name: str) -> list[int]:
-    out = subprocess.run(["pgrep", "-f", f"ray::{name}"], capture_output=True, text=True).stdout
-    return [int(p) for p in out.split()]
 
 
 def test_replay_server_and_evaluator_deaths_are_survived(ray_session, tmp_path):

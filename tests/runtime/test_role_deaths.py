@@ -5,19 +5,14 @@ import glob
 import json
 import os
 import signal
-import subprocess
 import threading
 import time
 
 from distrl import train
+from tests.runtime.processes import pids_of
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CARTPOLE = os.path.join(ROOT, "configs", "apex_dqn_cartpole.yaml")
-
-
-def pids_of(name: str) -> list[int]:
-    out = subprocess.run(["pgrep", "-f", f"ray::{name}"], capture_output=True, text=True).stdout
-    return [int(p) for p in out.split()]
 
 
 def newest_checkpoint_updates(run_dir: str) -> int | None:

@@ -1,0 +1,27 @@
+"""Finding the Ray actor processes of this test session only (other Ray instances on the machine,
+a benchmark's say, must never be signalled)."""
+import os
+import subprocess
+
+
+def _parent(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return int(fh.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def descends_from_us(pid: int) -> bool:
+    root = os.getpid()
+    while pid > 1:
+        if pid == root:
+            return True
+        pid = _parent(pid)
+    return False
+
+
+def pids_of(name: str) -> list[int]:
+    """Processes of the actor class `name` (e.g. "RolloutWorker") started by this session's Ray."""
+    out = subprocess.run(["pgrep", "-f", f"ray::{name}"], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split() if descends_from_us(int(p))]
