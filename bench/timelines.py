@@ -18,8 +18,7 @@ from bench.common import ROOT
 
 
 def traced_run(mode: str, seconds: float) -> str:
-    run_dir = tempfile.mkdtemp(prefix=f"timeline-{mode}-")
-    os.rmdir(run_dir)
+    run_dir = os.path.join(tempfile.mkdtemp(), f"apex_dqn_cartpole_{mode}")  # the PNG's title names the run
     subprocess.run([sys.executable, "-m", "distrl.cli", "train", os.path.join(ROOT, "configs", "apex_dqn_cartpole.yaml"),
                     "--mode", mode, "--max-seconds", str(seconds), "--run-dir", run_dir, "--set", "log.trace=true",
                     "--set", "eval.target_return=null", "--set", "eval.interval_s=2", "--set", "log.progress=false"],
