@@ -2,9 +2,9 @@
 
     python -m bench.micro [--reps 7]
 
-act(): the numpy acting path the workers use against the torch path they used
-before (forward, sample, log-prob, back to numpy), for the shipped LunarLander configs' policies
-and 8 envs. SAC update: one `SACLearner.update` on a random batch of the
+act(): the numpy acting path the workers use against acting through the learner's
+torch net (forward, sample, log-prob, back to numpy), for the shipped LunarLander configs'
+policies and 8 envs. SAC update: one `SACLearner.update` on a random batch of the
 LunarLanderContinuous config (64x64, batch 256), by the numpy path the CPU learner
 runs and by the autograd path (GPUs, and the reference the tests check against).
 Medians of `--reps` timings.
@@ -37,7 +37,7 @@ def median_us(fn, calls: int, reps: int) -> float:
 
 
 def torch_act(learner, rng: np.random.Generator, obs: np.ndarray) -> None:
-    """The torch acting path the workers used before numpy (on the learner's net): forward, sample, log-prob."""
+    """Acting through the learner's torch net: forward, sample, log-prob, back to numpy."""
     with torch.inference_mode():
         x = torch.as_tensor(obs)
         if hasattr(learner, "net"):  # actor-critic, Discrete actions
