@@ -1,7 +1,11 @@
 """DHC's greedy success rate against wall time on the MAPF gridworld, communication on and off.
 
     python -m bench.mapf_learning [--configs configs/dhc_mapf_10x10.yaml ...] [--seeds 0 1 2]
-                                  [--max-seconds 900] [--keep DIR]
+                                  [--max-seconds 900] [--keep DIR] [--set KEY=VALUE ...]
+
+8 agents on 20x20 (density 0.3) is the 10x10 config with
+    --set 'env.kwargs={size: 20, num_agents: 8, density: 0.3, fov: 9, max_steps: 256, comm_k: 4}'
+    --set env.num_envs=8 --set dhc.eps_decay_steps=150000
 
 Each run is `distrl train CONFIG --seed S [--set dhc.comm=false]` in its own process (start-up
 inside the time), stopped at the config's `eval.target_success` or at `--max-seconds`. From each
@@ -24,7 +28,7 @@ import tempfile
 from bench.common import ROOT, hardware, write_json
 from distrl.config import load_config
 
-CONFIGS = [os.path.join(ROOT, "configs", "dhc_mapf_10x10.yaml"), os.path.join(ROOT, "configs", "dhc_mapf_20x20.yaml")]
+CONFIGS = [os.path.join(ROOT, "configs", "dhc_mapf_10x10.yaml")]
 
 
 def success_curve(run_dir: str) -> list[tuple[float, int, float]]:
@@ -37,19 +41,20 @@ def success_curve(run_dir: str) -> list[tuple[float, int, float]]:
     return out
 
 
-def run_once(config: str, seed: int, comm: bool, max_seconds: float, keep: str | None) -> dict:
+def run_once(config: str, seed: int, comm: bool, max_seconds: float, keep: str | None, extra: list[str]) -> dict:
     name = f"{os.path.basename(config)[:-5]}-{'comm' if comm else 'nocomm'}-{seed}"
     parent = keep or tempfile.mkdtemp(prefix="mapf-")
     run_dir = os.path.join(parent, name)
     cmd = [sys.executable, "-m", "distrl.cli", "train", config, "--seed", str(seed), "--max-seconds",
-           str(max_seconds), "--run-dir", run_dir, "--set", "log.progress=false", "--set", f"dhc.comm={str(comm).lower()}"]
+           str(max_seconds), "--run-dir", run_dir, "--set", "log.progress=false", "--set", f"dhc.comm={str(comm).lower()}",
+           *sum((["--set", e] for e in extra), [])]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"run failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-2000:]}")
-    target = load_config(config).eval.target_success
+    target = load_config(config, extra).eval.target_success
     curve = success_curve(run_dir)
     reached = next(((t, s) for t, s, v in curve if v >= target), (None, None))
-    return {"config": os.path.relpath(config, ROOT), "seed": seed, "comm": comm, "target_success": target,
+    return {"config": os.path.relpath(config, ROOT), "overrides": extra, "seed": seed, "comm": comm, "target_success": target,
             "time_to_target_s": reached[0], "env_steps_to_target": reached[1],
             "best_success": max((v for _, _, v in curve), default=None), "curve": curve}
 
@@ -75,6 +80,7 @@ def main() -> None:
     ap.add_argument("--comm", choices=["both", "on", "off"], default="both")
     ap.add_argument("--max-seconds", type=float, default=900.0)
     ap.add_argument("--keep", help="a directory to keep the run dirs in")
+    ap.add_argument("--set", dest="extra", action="append", default=[], help="config override for every run")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "mapf_learning.json"))
     args = ap.parse_args()
     comms = {"both": [True, False], "on": [True], "off": [False]}[args.comm]
@@ -82,7 +88,7 @@ def main() -> None:
     for config in args.configs:
         for seed in args.seeds:
             for comm in comms:  # interleaved, so a slow hour hits both arms alike
-                run = run_once(config, seed, comm, args.max_seconds, args.keep)
+                run = run_once(config, seed, comm, args.max_seconds, args.keep, args.extra)
                 runs.append(run)
                 print(f"{run['config']} seed {seed} comm {comm}: target at {run['time_to_target_s']} s, "
                       f"best {run['best_success']}", flush=True)

@@ -87,7 +87,8 @@ def train_and_score(seed: int, max_seconds: float, episodes: int) -> dict:
     run_dir = tempfile.mkdtemp(prefix=f"spread-{seed}-")
     os.rmdir(run_dir)
     cmd = [sys.executable, "-m", "distrl.cli", "train", CONFIG, "--seed", str(seed), "--max-seconds",
-           str(max_seconds), "--run-dir", run_dir, "--set", "log.progress=false"]
+           str(max_seconds), "--run-dir", run_dir, "--set", "log.progress=false",
+           "--set", "eval.target_return=null"]  # the whole budget: the config's target stops at the threshold
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"run failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-2000:]}")
