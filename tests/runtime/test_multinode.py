@@ -105,6 +105,19 @@ def test_async_run_spreads_its_workers_over_the_nodes(cluster, tmp_path):
     assert len({where[f"worker {i}"] for i in range(3)}) > 1
 
 
+def test_ppo_with_two_gradient_workers_on_two_nodes_solves_cartpole(cluster, tmp_path):
+    run_dir = str(tmp_path / "run")
+    summary = train(os.path.join(ROOT, "configs", "ppo_cartpole.yaml"), run_dir=run_dir, address=cluster.address,
+                    overrides=["mode=sync", "workers=2", "seed=0", "learner.num_gradient_workers=2",
+                               "placement.learner={head_node: 1}", "placement.gradient_workers={worker_slot: 1}",
+                               "stop.max_seconds=120", "log.tensorboard=false", "log.progress=false", "log.trace=true"])
+    assert summary["solved"], summary
+    ids, where = node_ids(cluster), placed(run_dir)
+    grads = {where["gradient worker 0"], where["gradient worker 1"]}
+    assert grads == {ids["a"], ids["b"]}  # spread: one on each node with worker slots
+    assert where["learner"] == ids["head"]
+
+
 def test_an_impossible_placement_is_one_line_and_exit_2_before_anything_starts(cluster, tmp_path):
     run_dir = tmp_path / "run"
     out = subprocess.run([sys.executable, "-m", "distrl.cli", "train", CARTPOLE, "--address", cluster.address,
