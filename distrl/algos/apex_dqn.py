@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from distrl.algos.common import ReplayAlgorithm, TargetNetworkState, adam, as_tensors, mlp, skipped
+from distrl.algos.common import ReplayAlgorithm, TargetNetworkState, as_tensors, mlp, skipped
 from distrl.algos.sharding import ShardedLearner
 from distrl.core import Batch, EnvSpec, Learner
 
@@ -44,12 +44,7 @@ def _build_q(spec: EnvSpec, cfg) -> QNetwork:
 class DQNLearner(TargetNetworkState, ShardedLearner, Learner):
     def __init__(self, spec: EnvSpec, cfg, device: str):
         self.cfg, self.device = cfg, device
-        self.q = _build_q(spec, cfg).to(device)
-        self.target = _build_q(spec, cfg).to(device)
-        self.target.load_state_dict(self.q.state_dict())
-        self.target.requires_grad_(False)
-        self.opt = adam(self.q.parameters(), cfg.lr, device)
-        self.updates = 0
+        self.init_networks(lambda: _build_q(spec, cfg), device)
 
     def trained_module(self) -> nn.Module:
         return self.q

@@ -79,6 +79,15 @@ class TargetNetworkState:
     """The step, weights, checkpoint state and restore of a Q-learner holding `q`, `target`, `opt`, `updates`
     and a config with `grad_clip` and `target_update_interval`."""
 
+    def init_networks(self, build, device: str) -> None:
+        """Online and target networks from `build()` (the target a frozen copy), Adam on the online one."""
+        self.q = build().to(device)
+        self.target = build().to(device)
+        self.target.load_state_dict(self.q.state_dict())
+        self.target.requires_grad_(False)
+        self.opt = adam(self.q.parameters(), self.cfg.lr, device)
+        self.updates = 0
+
     def optimize(self, loss) -> float | None:
         """One guarded optimizer step on `loss` (see `guarded_step`), then the periodic hard target copy;
         the grad norm, or None when the loss or gradient was not finite and nothing changed."""

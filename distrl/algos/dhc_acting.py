@@ -33,11 +33,10 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from distrl.algos.apex_dqn_acting import worker_epsilon
 from distrl.algos.common import numpy_linear, numpy_sequential
-from distrl.algos.r2d2_acting import nstep_targets, sequence_priorities
+from distrl.algos.r2d2_acting import SequencePolicy, nstep_targets, sequence_priorities
 from distrl.config.sections import SequenceConfig
-from distrl.core import Batch, EnvSpec, Policy, Trajectory, Weights
+from distrl.core import Batch, EnvSpec, Trajectory, Weights
 from distrl.replay.sequences import SequenceAdder, chunks_per_item
 
 # ---------------------------------------------------------------- shared per-agent maths
@@ -188,39 +187,22 @@ class NumpyDHCNet:
 # ---------------------------------------------------------------- the policy
 
 
-class DHCPolicy(Policy):
-    """Epsilon-greedy per agent (Ape-X per-worker epsilons; the evaluator, index -1, is greedy)."""
+class DHCPolicy(SequencePolicy):
+    """Epsilon-greedy per agent."""
 
     def __init__(self, spec: EnvSpec, cfg, worker_index: int, num_workers: int, seed: int,
                  sequence: SequenceConfig | None = None):
-        self.cfg = cfg
-        self.seq = sequence or SequenceConfig()
+        super().__init__(spec, cfg, worker_index, num_workers, seed, sequence)
         self.obs_shape = tuple(spec.observation_space.shape)
-        self.num_actions = int(spec.action_space.n)
-        self.worker_index, self.num_workers = worker_index, num_workers
-        self.seed = seed
-        self.rng = np.random.default_rng(seed)
-        self.env_steps = 0
         self.state_shape = (1, int(cfg.core_size))  # per agent
         self._net: NumpyDHCNet | None = None
         self._state: np.ndarray | None = None  # (E, N, 1, C), built at the first act
         self._adder: SequenceAdder | None = None
         self._stepped = False
 
-    @property
-    def epsilon(self) -> float:
-        return worker_epsilon(self.cfg, self.worker_index, self.num_workers, self.env_steps)
-
-    @property
-    def sequence_length(self) -> int:
-        return self.seq.burn_in + self.seq.length + self.cfg.n_step
-
     def set_weights(self, weights: Weights, version: int) -> None:
         self._net = NumpyDHCNet(weights, self.obs_shape, self.cfg.comm_heads)
         self.version = version
-
-    def observe_steps(self, env_steps: int) -> None:
-        self.env_steps = env_steps
 
     def act(self, obs: dict[str, np.ndarray], explore: bool):
         if self._net is None:

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from distrl.algos.common import ReplayAlgorithm, TargetNetworkState, adam, as_tensors, mlp, skipped
+from distrl.algos.common import ReplayAlgorithm, TargetNetworkState, as_tensors, mlp, skipped
 from distrl.algos.r2d2_acting import nstep_targets, rescale, sequence_priorities, unrescale
 from distrl.core import Batch, EnvSpec, Learner
 
@@ -95,12 +95,7 @@ class R2D2Learner(TargetNetworkState, Learner):
         self.cfg, self.device = cfg, device
         self.burn_in, self.length = int(seq.burn_in), int(seq.length)
         self.seq_len = self.burn_in + self.length + int(cfg.n_step)
-        self.q = build_network(spec, cfg).to(device)
-        self.target = build_network(spec, cfg).to(device)
-        self.target.load_state_dict(self.q.state_dict())
-        self.target.requires_grad_(False)
-        self.opt = adam(self.q.parameters(), cfg.lr, device)
-        self.updates = 0
+        self.init_networks(lambda: build_network(spec, cfg), device)
 
     def _unroll_both(self, t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Online Q with gradient and target Q, both (L - burn_in, B, A), after the burn-in."""

@@ -143,12 +143,9 @@ class NumpyR2D2Net:
 # ---------------------------------------------------------------- the policy
 
 
-class R2D2Policy(Policy):
-    """Epsilon-greedy recurrent acting (Ape-X per-worker epsilons; the evaluator, index -1, is greedy).
-
-    `sequence` is the run's `SequenceConfig` (`registry.make_policy` passes it); the learner checks
-    that the sequences it receives have the length it expects.
-    """
+class SequencePolicy(Policy):
+    """What the recurrent epsilon-greedy policies share: their config, how experience is cut into
+    sequences, Ape-X per-worker epsilons (the evaluator, index -1, is greedy) and the step count."""
 
     def __init__(self, spec: EnvSpec, cfg, worker_index: int, num_workers: int, seed: int,
                  sequence: SequenceConfig | None = None):
@@ -159,11 +156,6 @@ class R2D2Policy(Policy):
         self.seed = seed
         self.rng = np.random.default_rng(seed)
         self.env_steps = 0
-        self.state_shape = state_shape(cfg)
-        self._net: NumpyR2D2Net | None = None
-        self._state: np.ndarray | None = None  # (E, S, C), built at the first act
-        self._adder = None                      # SequenceAdder, built at the first postprocess
-        self._stepped = False                   # an act since the last episodes_ended
 
     @property
     def epsilon(self) -> float:
@@ -173,12 +165,29 @@ class R2D2Policy(Policy):
     def sequence_length(self) -> int:
         return self.seq.burn_in + self.seq.length + self.cfg.n_step
 
+    def observe_steps(self, env_steps: int) -> None:
+        self.env_steps = env_steps
+
+
+class R2D2Policy(SequencePolicy):
+    """Epsilon-greedy recurrent acting.
+
+    `sequence` is the run's `SequenceConfig` (`registry.make_policy` passes it); the learner checks
+    that the sequences it receives have the length it expects.
+    """
+
+    def __init__(self, spec: EnvSpec, cfg, worker_index: int, num_workers: int, seed: int,
+                 sequence: SequenceConfig | None = None):
+        super().__init__(spec, cfg, worker_index, num_workers, seed, sequence)
+        self.state_shape = state_shape(cfg)
+        self._net: NumpyR2D2Net | None = None
+        self._state: np.ndarray | None = None  # (E, S, C), built at the first act
+        self._adder = None                      # SequenceAdder, built at the first postprocess
+        self._stepped = False                   # an act since the last episodes_ended
+
     def set_weights(self, weights: Weights, version: int) -> None:
         self._net = NumpyR2D2Net(weights, self.cfg.core)
         self.version = version
-
-    def observe_steps(self, env_steps: int) -> None:
-        self.env_steps = env_steps
 
     def _zero_state(self, num_envs: int) -> np.ndarray:
         return np.zeros((num_envs, *self.state_shape), np.float32)
