@@ -3,9 +3,7 @@
     python -m bench.mapf_learning [--configs configs/dhc_mapf_10x10.yaml ...] [--seeds 0 1 2]
                                   [--max-seconds 900] [--keep DIR] [--set KEY=VALUE ...]
 
-8 agents on 20x20 (density 0.3) is the 10x10 config with
-    --set 'env.kwargs={size: 20, num_agents: 8, density: 0.3, fov: 9, max_steps: 256, comm_k: 4}'
-    --set env.num_envs=8 --set dhc.eps_decay_steps=150000
+8 agents on 20x20 (density 0.3): --configs bench/configs/dhc_mapf_20x20.yaml
 
 Each run is `distrl train CONFIG --seed S [--set dhc.comm=false]` in its own process (start-up
 inside the time), stopped at the config's `eval.target_success` or at `--max-seconds`. From each
