@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ray
 from ray.exceptions import GetTimeoutError, RayTaskError
+from ray.util.placement_group import remove_placement_group
 
 from distrl.config import Config, to_dict
 from distrl.core import Gathered, Restarts, Roles, RunState, TrainStats
@@ -16,8 +17,8 @@ from distrl.observe.trace import configure, tracer
 from distrl.roles.experience import write_store
 from distrl.roles.factory import resolve_device, trace_settings
 from distrl.runtime.actors import Evaluator, GradientWorker, Learner, ParameterServer, ReplayServer, RolloutWorker
-from distrl.runtime.ray_setup import (ACTOR_GONE, actor_options, heap_runtime_env, init_ray, role_count,
-                                     role_resources)
+from distrl.runtime.ray_setup import (ACTOR_GONE, actor_options, heap_runtime_env, in_bundle, init_ray,
+                                     role_count, role_resources, spread_group)
 from distrl.runtime.watch import RoleLost, RoleWatch
 from distrl.runtime.workers import WorkerPool
 
@@ -33,16 +34,20 @@ class RayRoles(Roles):
         d, f = to_dict(cfg), cfg.fault
         device = resolve_device(cfg.device)
         heap_env = heap_runtime_env()
-        place = {name: actor_options(res) for name, res in role_resources(cfg, bool(address), device).items()}
+        wanted = role_resources(cfg, bool(address), device)
+        place = {name: actor_options(res) for name, res in wanted.items()}
         role = {"max_restarts": f.max_role_restarts, "max_task_retries": 0}
+        # Gradient workers are spread over the nodes (one bundle each of a SPREAD placement group): their
+        # point is more cores for the learner's arithmetic. A gradient call is pure, so Ray may retry it on
+        # a restarted worker.
+        grads = role_count(cfg, "gradient_workers")
+        self.group = spread_group(wanted["gradient_workers"], grads, f.role_timeout_s) if grads else None
         self.ps = ParameterServer.options(**role, **place["parameter_server"]).remote(trace_settings(cfg))
         self.replay = ReplayServer.options(**role, **place["replay"], runtime_env=heap_env).remote(d, run_dir)
-        # Gradient workers are spread over the nodes: their point is more cores for the learner's arithmetic.
-        # A gradient call is pure, so Ray may retry it on a restarted worker.
         self.gradient_workers = [
-            GradientWorker.options(**place["gradient_workers"], scheduling_strategy="SPREAD",
+            GradientWorker.options(**place["gradient_workers"], **in_bundle(self.group, i),
                                    max_restarts=f.max_role_restarts, max_task_retries=3).remote(d, i)
-            for i in range(role_count(cfg, "gradient_workers"))]
+            for i in range(grads)]
         self.learner = Learner.options(**role, **place["learner"], runtime_env=heap_env).remote(
             d, self.ps, self.replay, device, self.gradient_workers)
         self.evaluator = Evaluator.options(**role, **place["evaluator"]).remote(d, self.ps, run_dir, start_time,
@@ -255,3 +260,5 @@ class RayRoles(Roles):
     def close(self) -> None:
         for actor in self.actors():
             ray.kill(actor)
+        if self.group is not None:
+            remove_placement_group(self.group)

@@ -82,6 +82,33 @@ def actor_options(resources: dict[str, float]) -> dict:
     return {"num_cpus": resources.get("CPU", 0.0), "num_gpus": resources.get("GPU", 0.0), "resources": custom}
 
 
+def spread_group(resources: dict[str, float], count: int, timeout_s: float):
+    """A placement group reserving `count` bundles of `resources` on as many nodes as can hold them
+    (Ray's SPREAD: all bundles placed at once with the cluster's full view, so two actors land on two
+    nodes whenever two nodes fit them). None when one actor asks for nothing: there is nothing to reserve.
+    Ray re-places a bundle whose node dies and restarts its actor there."""
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    bundle = {k: v for k, v in resources.items() if v > 0}
+    if not bundle or count < 1:
+        return None
+    group = placement_group([dict(bundle) for _ in range(count)], strategy="SPREAD")
+    if not group.wait(timeout_seconds=timeout_s):
+        remove_placement_group(group)
+        raise ConfigError(f"config key 'placement.gradient_workers': {count} bundles of {bundle} could not be "
+                          f"reserved within {timeout_s:g} s (the other roles hold the resources)")
+    return group
+
+
+def in_bundle(group, index: int) -> dict:
+    """`.options()` putting an actor into bundle `index` of `group`; Ray's SPREAD strategy without one."""
+    if group is None:
+        return {"scheduling_strategy": "SPREAD"}
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    return {"scheduling_strategy": PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index)}
+
+
 def check_placement(cfg, address: str | None) -> None:
     """ConfigError naming the role and the resource when the cluster cannot host a role's actors (no node
     offers enough of a resource, or all the roles together need more than the cluster has): Ray itself
