@@ -54,7 +54,7 @@ def validate(cfg: Config, address: str | None = None) -> None:
         raise ConfigError(f"config key 'workers': {cfg.workers} workers cannot run on this machine without a "
                           f"cluster; it can host {limit} ({WORKERS_PER_CORE} per core, within free memory). "
                           "Use fewer, or --address to join a Ray cluster")
-    _check_gradient_workers(cfg)
+    _check_ray_only(cfg)
     if cfg.mode != "single":  # single mode starts no Ray: placement does not apply
         _check_placement_amounts(cfg)
         from distrl.runtime.ray_setup import check_placement
@@ -62,18 +62,22 @@ def validate(cfg: Config, address: str | None = None) -> None:
         check_placement(cfg, address)  # last: it joins (or starts) the Ray the run will use
 
 
-def _check_gradient_workers(cfg: Config) -> None:
-    from distrl.registry import ALGOS, takes_gradient_workers
+def _check_ray_only(cfg: Config) -> None:
+    """Gradient workers and central inference: Ray actors, for the algorithms whose halves support them."""
+    from distrl.registry import ALGOS, takes_central_inference, takes_gradient_workers
 
-    if cfg.learner.num_gradient_workers == 1:
-        return
-    if not takes_gradient_workers(cfg.algo):
-        able = ", ".join(a for a in ALGOS if takes_gradient_workers(a))
-        raise ConfigError(f"config key 'learner.num_gradient_workers': {cfg.algo} has no gradient workers "
-                          f"(algorithms with them: {able})")
-    if cfg.mode == "single":
-        raise ConfigError("config key 'learner.num_gradient_workers': gradient workers are Ray actors: "
-                          "use mode sync or async")
+    wanted = [("learner.num_gradient_workers", cfg.learner.num_gradient_workers > 1, takes_gradient_workers,
+               "has no gradient workers", "gradient workers"),
+              ("rollout.inference", cfg.rollout.inference == "central", takes_central_inference,
+               "acts only in its workers", "central inference")]
+    for key, asked, takes, refusal, feature in wanted:
+        if not asked:
+            continue
+        if not takes(cfg.algo):
+            able = ", ".join(a for a in ALGOS if takes(a))
+            raise ConfigError(f"config key '{key}': {cfg.algo} {refusal} (algorithms with {feature}: {able})")
+        if cfg.mode == "single":
+            raise ConfigError(f"config key '{key}': only modes sync and async start Ray actors for {feature}")
 
 
 def _check_placement_amounts(cfg: Config) -> None:

@@ -83,9 +83,17 @@ class Fragment:
 
 
 class Policy(abc.ABC):
-    """The acting half of an algorithm: lives in rollout workers and the evaluator."""
+    """The acting half of an algorithm: lives in rollout workers and the evaluator.
+
+    A policy that can act through a central `InferenceServer` splits acting in two: `forward`, the
+    weights' arithmetic (row-wise, no randomness: the part a server batches over every worker), and
+    `act`, which explores on its outputs with the worker's own RNG and schedule. It reaches `forward`
+    through `self.inference` (`infer` while acting, `evaluate` for what postprocessing needs), which
+    is a `LocalInference` unless the worker was given a server.
+    """
 
     version: int = -1
+    inference: "Inference | None" = None
 
     @abc.abstractmethod
     def set_weights(self, weights: Weights, version: int) -> None:
@@ -95,16 +103,110 @@ class Policy(abc.ABC):
     def act(self, obs: np.ndarray, explore: bool) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Actions for a batch of observations, plus extras to keep in the trajectory."""
 
+    def forward(self, obs: np.ndarray, state: np.ndarray | None) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
+        """(outputs, next state) of the network on a batch of rows, from `state` (None when feedforward)."""
+        raise NotImplementedError(f"{type(self).__name__} does not act through central inference")
+
+    def initial_state(self, rows: int) -> np.ndarray | None:
+        """The recurrent state of `rows` envs at an episode start; None for a feedforward policy."""
+        return None
+
+    def _inference(self) -> "Inference":
+        if self.inference is None:
+            self.inference = LocalInference(self)
+        return self.inference
+
+    def infer(self, obs: np.ndarray) -> dict[str, np.ndarray]:
+        """`forward` on this worker's envs, advancing each env's recurrent state ('state' in the
+        outputs: the one before this step)."""
+        return self._inference().step(obs)
+
+    def evaluate(self, obs: np.ndarray, state: np.ndarray | None = None) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
+        """`forward` on rows outside the envs' flow (bootstrap values), touching no env's state."""
+        return self._inference().forward(obs, state)
+
     def observe_steps(self, env_steps: int) -> None:
         """Told how many env steps this worker has taken (for exploration schedules)."""
 
     def episodes_ended(self, done: np.ndarray) -> None:
         """Told which envs of the batch just ended an episode: their next observation starts a new one
         (a recurrent policy resets their state)."""
+        self._inference().reset(done)
 
     @abc.abstractmethod
     def postprocess(self, traj: Trajectory) -> tuple[Batch, np.ndarray | None]:
         """Turn a trajectory into stored items and their initial priorities (or None)."""
+
+
+class EnvStates:
+    """Each env's recurrent state for a policy's `forward`: zeros at an episode start."""
+
+    def __init__(self, policy: Policy):
+        self.policy = policy
+        self.state: np.ndarray | None = None  # after the last step: held nowhere else, so resets write in place
+
+    def current(self, rows: int) -> np.ndarray | None:
+        """The state before the next step of `rows` envs (a fresh one when the count changed)."""
+        if self.state is None or len(self.state) != rows:
+            self.state = self.policy.initial_state(rows)
+        return self.state
+
+    def reset(self, done: np.ndarray) -> None:
+        done = np.asarray(done, bool)
+        if self.state is not None and len(self.state) == len(done) and done.any():
+            self.state[done] = self.policy.initial_state(int(done.sum()))
+
+
+def batched_forward(policy: Policy, requests: list[tuple[EnvStates, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+    """One `forward` over the rows of several requests (each a vector of envs with its states), split back
+    per request; each request's states advance, and its outputs carry 'state', the one before the step."""
+    befores = [states.current(len(obs)) for states, obs in requests]
+    if len(requests) == 1:  # the local path: no copies
+        out, after = policy.forward(requests[0][1], befores[0])
+        requests[0][0].state = after
+        return [out if after is None else {**out, "state": befores[0]}]
+    state = None if befores[0] is None else np.concatenate(befores)
+    out, after = policy.forward(np.concatenate([np.asarray(o) for _, o in requests]), state)
+    if state is not None:
+        out = {**out, "state": state}
+    cuts = np.cumsum([len(o) for _, o in requests])[:-1]
+    parts = [dict(zip(out, split)) for split in zip(*(np.split(v, cuts) for v in out.values()))]
+    if after is not None:
+        for (states, _), piece in zip(requests, np.split(after, cuts)):
+            states.state = piece
+    return parts
+
+
+class Inference(abc.ABC):
+    """Where a policy's `forward` runs for a worker: in its own process, or on an inference server."""
+
+    @abc.abstractmethod
+    def step(self, obs: np.ndarray) -> dict[str, np.ndarray]:
+        """Outputs for the envs' observations, advancing their states ('state': the one before)."""
+
+    @abc.abstractmethod
+    def forward(self, obs: np.ndarray, state: np.ndarray | None) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
+        """`Policy.forward` on rows outside the envs' flow."""
+
+    @abc.abstractmethod
+    def reset(self, done: np.ndarray) -> None:
+        """These envs start new episodes."""
+
+
+class LocalInference(Inference):
+    """`forward` in the policy's own process, with the weights it was given."""
+
+    def __init__(self, policy: Policy):
+        self.policy, self.states = policy, EnvStates(policy)
+
+    def step(self, obs: np.ndarray) -> dict[str, np.ndarray]:
+        return batched_forward(self.policy, [(self.states, obs)])[0]
+
+    def forward(self, obs, state):
+        return self.policy.forward(obs, state)
+
+    def reset(self, done: np.ndarray) -> None:
+        self.states.reset(done)
 
 
 class Learner(abc.ABC):
@@ -213,6 +315,7 @@ class Restarts:
     learner: int = 0
     parameter_server: int = 0
     workers_lost: int = 0  # workers unreachable for longer than fault.worker_timeout_s
+    inference: int = 0     # the inference server (rollout.inference: central)
 
 
 RunState = dict[str, Any]

@@ -25,6 +25,8 @@ class Entry(NamedTuple):
     """Acts for every agent of a `distrl.envs.multiagent.MultiAgentEnv` at once."""
     gradient_workers: bool = False
     """Its learner can share each step's gradient with gradient workers (`distrl.algos.sharding`)."""
+    central_inference: bool = True
+    """Its policy acts through `Policy.forward`, so an InferenceServer can run it for every worker."""
 
 
 ALGOS: dict[str, Entry] = {
@@ -32,9 +34,11 @@ ALGOS: dict[str, Entry] = {
                       gradient_workers=True),
     "sac": Entry("distrl.algos.sac", "replay", "distrl.algos.sac_acting:SACPolicy"),
     "r2d2": Entry("distrl.algos.r2d2", "sequence", "distrl.algos.r2d2_acting:R2D2Policy"),
-    "dhc": Entry("distrl.algos.dhc", "sequence", "distrl.algos.dhc_acting:DHCPolicy", multi_agent=True),
+    "dhc": Entry("distrl.algos.dhc", "sequence", "distrl.algos.dhc_acting:DHCPolicy", multi_agent=True,
+                 central_inference=False),
     "a2c": Entry("distrl.algos.a2c", "trajectory", "distrl.algos.actor_critic_acting:ActorCriticPolicy"),
-    "a3c": Entry("distrl.algos.a3c", "gradients", "distrl.algos.a3c:A3CPolicy"),  # computes gradients: torch
+    # A3C's workers compute gradients with their own copy of the weights: they act with it too.
+    "a3c": Entry("distrl.algos.a3c", "gradients", "distrl.algos.a3c:A3CPolicy", central_inference=False),
     "ppo": Entry("distrl.algos.ppo", "trajectory", "distrl.algos.actor_critic_acting:ActorCriticPolicy",
                  gradient_workers=True),
     "impala": Entry("distrl.algos.impala", "trajectory", "distrl.algos.actor_critic_acting:ActorCriticPolicy",
@@ -67,6 +71,10 @@ def data_path(name: str) -> str:
 
 def takes_gradient_workers(name: str) -> bool:
     return ALGOS[name].gradient_workers
+
+
+def takes_central_inference(name: str) -> bool:
+    return ALGOS[name].central_inference
 
 
 def multi_agent(name: str) -> bool:

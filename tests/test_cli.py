@@ -48,7 +48,7 @@ def run_main(capsys, *argv):
     (["train", CARTPOLE, "--set", "eval.target_return=.inf"], "config key 'eval.target_return': must be a finite number"),
     (["train", CARTPOLE, "--set", "apex_dqn.hidden=[64, x]"], "config key 'apex_dqn.hidden': must be a non-empty list"),
     (["train", CARTPOLE, "--mode", "single", "--set", "learner.num_gradient_workers=2"],
-     "config key 'learner.num_gradient_workers': gradient workers are Ray actors"),
+     "config key 'learner.num_gradient_workers': only modes sync and async start Ray actors"),
     (["train", CARTPOLE, "--set", "algo=r2d2", "--set", "learner.num_gradient_workers=2"],
      "config key 'learner.num_gradient_workers': r2d2 has no gradient workers"),
 ])

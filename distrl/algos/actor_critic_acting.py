@@ -72,14 +72,21 @@ class ActorCriticPolicy(Policy):
         self._np = numpy_net(weights)
         self.version = version
 
-    def act(self, obs: np.ndarray, explore: bool):
+    def forward(self, obs: np.ndarray, state: None):
         if self._np is None:
             raise RuntimeError(f"{type(self).__name__} has no weights yet: call set_weights first")
         out, value = numpy_forward(self._np, np.asarray(obs, np.float32).reshape(len(obs), -1))
+        if self.box is not None:  # the Gaussian's log-std is a weight: it travels with the outputs
+            return {"out": out, "value": value, "log_std": np.broadcast_to(self._np["log_std"], out.shape)}, None
+        return {"out": out, "value": value}, None
+
+    def act(self, obs: np.ndarray, explore: bool):
+        net = self.infer(obs)
+        out, value = net["out"], net["value"]
         if self.box is None:
             a, logp = categorical_act(out, self.rng if explore else None)
             return a, {"logp": logp, "value": value}
-        a, logp = gaussian_act(out, self._np["log_std"], self.rng if explore else None)
+        a, logp = gaussian_act(out, net["log_std"], self.rng if explore else None)
         return self.box.to_env(a), {"logp": logp, "value": value, "raw_action": a}
 
     def postprocess(self, traj: Trajectory) -> tuple[Batch, None]:

@@ -54,11 +54,14 @@ class DQNPolicy(Policy):
         w, b = self._np["value"]
         return (h @ w + b) + adv - adv.mean(axis=1, keepdims=True)
 
+    def forward(self, obs: np.ndarray, state: None):
+        return {"q": self.q_values(obs)}, None
+
     def observe_steps(self, env_steps: int) -> None:
         self.env_steps = env_steps
 
     def act(self, obs: np.ndarray, explore: bool):
-        q = self.q_values(obs)
+        q = self.infer(obs)["q"]
         actions = q.argmax(axis=1)
         if explore:
             random = self.rng.random(len(obs)) < self.epsilon
@@ -70,7 +73,7 @@ class DQNPolicy(Policy):
         # Initial priority (Ape-X): |TD error| under this worker's own Q-values.
         q_taken = np.take_along_axis(traj.extras["q"].reshape(len(items["actions"]), -1),
                                      items["actions"].reshape(-1, 1).astype(np.int64), axis=1)[:, 0]
-        q_next = self.q_values(items["next_obs"]).max(axis=1)
+        q_next = self.evaluate(items["next_obs"])[0]["q"].max(axis=1)
         td = items["rewards"] + items["discounts"] * q_next - q_taken
         # A reward near float32's limit can overflow the n-step sum: such an item is still stored, at top priority.
         return items, np.nan_to_num(np.abs(td), nan=np.finfo(np.float32).max, posinf=np.finfo(np.float32).max)

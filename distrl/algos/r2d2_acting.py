@@ -181,7 +181,6 @@ class R2D2Policy(SequencePolicy):
         super().__init__(spec, cfg, worker_index, num_workers, seed, sequence)
         self.state_shape = state_shape(cfg)
         self._net: NumpyR2D2Net | None = None
-        self._state: np.ndarray | None = None  # (E, S, C), built at the first act
         self._adder = None                      # SequenceAdder, built at the first postprocess
         self._stepped = False                   # an act since the last episodes_ended
 
@@ -189,23 +188,24 @@ class R2D2Policy(SequencePolicy):
         self._net = NumpyR2D2Net(weights, self.cfg.core)
         self.version = version
 
-    def _zero_state(self, num_envs: int) -> np.ndarray:
-        return np.zeros((num_envs, *self.state_shape), np.float32)
+    def initial_state(self, rows: int) -> np.ndarray:
+        return np.zeros((rows, *self.state_shape), np.float32)
 
-    def act(self, obs: np.ndarray, explore: bool):
+    def forward(self, obs: np.ndarray, state: np.ndarray):
         if self._net is None:
             raise RuntimeError("R2D2Policy has no weights yet: call set_weights first")
-        obs = np.asarray(obs, np.float32)
-        if self._state is None or len(self._state) != len(obs):
-            self._state = self._zero_state(len(obs))
-        before = self._state  # never written in place after this: `step` returns a new array
-        q, self._state = self._net.step(obs, before)
+        q, after = self._net.step(np.asarray(obs, np.float32), state)
+        return {"q": q.astype(np.float32, copy=False)}, after
+
+    def act(self, obs: np.ndarray, explore: bool):
+        net = self.infer(obs)
+        q, before = net["q"], net["state"]
         actions = q.argmax(axis=1)
         if explore:
             random = self.rng.random(len(obs)) < self.epsilon
             actions = np.where(random, self.rng.integers(0, self.num_actions, len(obs)), actions)
         self._stepped = True
-        return actions, {"q": q.astype(np.float32, copy=False), "state": before}
+        return actions, {"q": q, "state": before}
 
     def episodes_ended(self, done: np.ndarray) -> None:
         done = np.asarray(done, bool)
@@ -214,10 +214,7 @@ class R2D2Policy(SequencePolicy):
             # would run on into the new ones, so abandon them.
             self._adder.reset()
         self._stepped = False
-        if self._state is None or len(self._state) != len(done):
-            self._state = self._zero_state(len(done))
-        else:
-            self._state[done] = 0.0
+        super().episodes_ended(done)
 
     def _make_adder(self, num_envs: int) -> SequenceAdder:
         return SequenceAdder(num_envs, self.sequence_length, self.seq.period, self.seq.burn_in,
@@ -248,9 +245,9 @@ class R2D2Policy(SequencePolicy):
         out = np.zeros(traj.rewards.shape, np.float32)
         ts, es = np.nonzero(traj.truncated & ~traj.terminated)
         if len(ts):
-            _, after = self._net.step(traj.obs[ts, es], traj.extras["state"][ts, es])
-            q_final, _ = self._net.step(traj.next_obs[ts, es], after)
-            out[ts, es] = q_final.max(axis=1)
+            _, after = self.evaluate(traj.obs[ts, es], traj.extras["state"][ts, es])
+            final, _ = self.evaluate(traj.next_obs[ts, es], after)
+            out[ts, es] = final["q"].max(axis=1)
         return out
 
     def _priorities(self, emitted: dict[str, np.ndarray]) -> np.ndarray:

@@ -45,6 +45,10 @@ class SACPolicy(Policy):
         mean, raw = np.split(h @ w + b, 2, axis=1)
         return mean, log_std_from_tanh(np.tanh(raw))
 
+    def forward(self, obs: np.ndarray, state: None):
+        mean, log_std = self.mean_log_std(obs)
+        return {"mean": mean, "log_std": log_std}, None
+
     def observe_steps(self, env_steps: int) -> None:
         self.env_steps = env_steps
 
@@ -53,7 +57,8 @@ class SACPolicy(Policy):
         if explore and self.env_steps < self.random_steps:
             a = self.rng.uniform(-1.0, 1.0, (n, self.act_dim))
         else:
-            mean, log_std = self.mean_log_std(obs)
+            net = self.infer(obs)
+            mean, log_std = net["mean"], net["log_std"]
             u = mean + np.exp(log_std) * self.rng.standard_normal(mean.shape) if explore else mean
             a = np.tanh(u)
         return self.scaler.to_env(a), {}

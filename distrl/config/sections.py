@@ -16,6 +16,10 @@ class EnvConfig:
 @dataclass
 class RolloutConfig:
     fragment_length: int = f(16, "steps per environment in one fragment sent by a worker", lo=1, hi=100_000)
+    inference: str = f("local", "where the workers' network runs: local (in each worker) | central (one "
+                       "InferenceServer batching every worker's observations; sync and async)", choices=("local", "central"))
+    batch_timeout_ms: float = f(2.0, "central inference: how long the server waits for more workers' requests "
+                                "before it runs a batch (it runs at once when every worker's is in)", lo=0.0, hi=10_000.0)
 
 
 @dataclass
@@ -124,6 +128,7 @@ class PlacementConfig:
     evaluator: dict = f({}, "Ray resources the evaluator asks for (ignored in single mode)")
     parameter_server: dict = f({}, "Ray resources the parameter server asks for (ignored in single mode)")
     gradient_workers: dict = f({}, "Ray resources each gradient worker asks for (ignored in single mode)")
+    inference: dict = f({}, "Ray resources the inference server asks for (rollout.inference: central)")
     workers_strategy: str = f("default", "how Ray places the workers: default (Ray's own: fill a node up to half its "
                               "resources, then the next) | spread (Ray's SPREAD: round-robin over the nodes)",
                               choices=("default", "spread"))

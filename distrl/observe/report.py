@@ -119,9 +119,13 @@ def _single_verdict(main: dict) -> tuple[str, str]:
     return "balanced", evidence
 
 
-def _distributed_verdict(learner: dict, workers: list[dict], replay: dict | None) -> tuple[str, str]:
+def _distributed_verdict(learner: dict, workers: list[dict], replay: dict | None,
+                         server: dict | None = None) -> tuple[str, str]:
     lb, wb = learner["busy"], float(np.mean([w["busy"] for w in workers]))
     rb = replay["busy"] if replay else 0.0
+    if server is not None and server["busy"] >= SATURATED and server["busy"] > lb:
+        return "inference-bound", (f"the inference server is busy {_pct(server['busy'])}, the learner {_pct(lb)}; "
+                                   f"workers wait on it for their actions")
     if max(lb, wb) < SATURATED:
         if rb >= SATURATED and rb > max(lb, wb):
             return "replay-bound", (f"the replay server is busy {_pct(rb)}, the learner {_pct(lb)}, "
@@ -147,7 +151,8 @@ def bottleneck(processes: list[dict]) -> dict:
         verdict, evidence = _single_verdict(by_role["main"][0])
     elif "learner" in by_role and "worker" in by_role:
         learner = max(by_role["learner"], key=lambda p: p["wall_s"])  # a restarted learner: the longer lane
-        verdict, evidence = _distributed_verdict(learner, by_role["worker"], (by_role.get("replay") or [None])[0])
+        verdict, evidence = _distributed_verdict(learner, by_role["worker"], (by_role.get("replay") or [None])[0],
+                                                 (by_role.get("inference") or [None])[0])
     else:
         verdict, evidence = "undetermined", "the trace has no learner and worker lanes to compare"
     return {"verdict": verdict, "sentence": f"{verdict}: {evidence}"}

@@ -19,8 +19,10 @@ import threading
 import time
 
 ROLE_ALIASES = {"ps": "parameter server", "param server": "parameter server", "params": "parameter server"}
-# Lane order in viewers: driver/main, learner, replay, parameter server, workers by index, evaluator.
-ROLE_ORDER = {"driver": 0, "main": 0, "learner": 1, "replay": 2, "parameter server": 3, "worker": 4, "evaluator": 5}
+# Lane order in viewers: driver/main, learner, replay, parameter server, inference server, workers by index,
+# evaluator, then the rest (gradient workers).
+ROLE_ORDER = {"driver": 0, "main": 0, "learner": 1, "replay": 2, "parameter server": 3, "inference": 4, "worker": 5,
+              "evaluator": 6}
 MAX_PROBLEMS = 50  # validate_trace stops listing after this many: one broken writer floods otherwise
 
 
@@ -167,7 +169,7 @@ def split_name(name: str) -> tuple[str, int | None]:
 
 
 def _sort_index(role: str, index: int | None) -> int:
-    return ROLE_ORDER.get(role, 6) * 100_000 + (index or 0)
+    return ROLE_ORDER.get(role, 7) * 100_000 + (index or 0)
 
 
 def _merge(drained: list[dict]) -> dict[int, dict]:

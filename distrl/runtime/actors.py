@@ -13,11 +13,12 @@ import os
 import time
 import warnings
 
+import numpy as np
 import ray
 from ray.exceptions import RayTaskError
 
 from distrl.config import from_dict
-from distrl.core import TrainStats, Weights
+from distrl.core import Inference, TrainStats, Weights
 from distrl.observe.trace import configure, tracer
 from distrl.roles.factory import trace_settings
 from distrl.roles.learning import LearnerIO
@@ -119,12 +120,15 @@ class ReplayServer(Traced):
 class RolloutWorker(Traced):
     """Steps `env.num_envs` envs with batched inference; one fragment per `sample` call."""
 
-    def __init__(self, cfg_dict: dict, worker_index: int, num_workers: int, ps):
+    def __init__(self, cfg_dict: dict, worker_index: int, num_workers: int, ps, inference=None):
         from distrl.roles.factory import acting_policy, make_rollout
 
         cfg = from_dict(cfg_dict)
         start_tracing(trace_settings(cfg), "worker", worker_index)
         self.policy = acting_policy(cfg, worker_index, num_workers)
+        self.remote = None  # central inference: the network runs on the InferenceServer
+        if inference is not None:
+            self.policy.inference = self.remote = RemoteInference(inference, worker_index, self.policy)
         self.rollout = make_rollout(cfg, self.policy, cfg.seed + worker_index, worker_index)
         self.ps = ps
         self.pending = None  # an in-flight pull, overlapped with stepping
@@ -163,7 +167,10 @@ class RolloutWorker(Traced):
         start = time.time()
         if self.last_return is not None:  # between two calls: waiting for the driver, and the transfer
             tracer().complete("idle", "wait", self.last_return, start - self.last_return)
-        self._pull(blocking_pull or self.policy.version < 0)
+        if self.remote is not None:  # the server pulls the weights
+            self.remote.refresh(blocking_pull)
+        else:
+            self._pull(blocking_pull or self.policy.version < 0)
         frag = self.rollout.sample()
         frag.info.timings["pull_s"], self.pull_s = self.pull_s, 0.0
         if self.last_return is not None:
@@ -179,6 +186,35 @@ class RolloutWorker(Traced):
 
     def set_state(self, state: dict) -> None:
         self.rollout.set_state(state)
+
+
+class RemoteInference(Inference):
+    """A worker's policy reaching its network on the InferenceServer: one round trip per env step."""
+
+    def __init__(self, server, worker_index: int, policy):
+        self.server, self.worker, self.policy = server, worker_index, policy
+        self.resets = None  # envs that start an episode before the next step; None: all (a fresh process)
+        self.fresh = True
+
+    def step(self, obs):
+        reset = np.ones(len(obs), bool) if self.fresh else self.resets
+        self.fresh, self.resets = False, None
+        out, self.policy.version = ray.get(self.server.step.remote(self.worker, obs, reset))
+        return out
+
+    def forward(self, obs, state):
+        return ray.get(self.server.forward.remote(obs, state))
+
+    def reset(self, done) -> None:
+        done = np.asarray(done, bool)
+        self.resets = done.copy() if self.resets is None or len(self.resets) != len(done) else self.resets | done
+
+    def refresh(self, blocking: bool) -> None:
+        """Have the server pull newer weights: before this fragment's first step (sync mode) or alongside it."""
+        ref = self.server.refresh.remote()
+        if blocking or self.policy.version < 0:
+            with tracer().span("pull_weights", "transfer"):
+                self.policy.version = ray.get(ref)
 
 
 class RayIO(LearnerIO):

@@ -339,7 +339,7 @@ class Driver:
             "fragments_dropped": c.fragments_dropped, "env_errors": c.env_errors,
             "evaluator_restarts": restarts.evaluator, "replay_restarts": restarts.replay,
             "learner_restarts": restarts.learner, "parameter_server_restarts": restarts.parameter_server,
-            "workers_lost": restarts.workers_lost, "updates_lost": c.updates_lost,
+            "inference_restarts": restarts.inference, "workers_lost": restarts.workers_lost, "updates_lost": c.updates_lost,
             "failure": self.failure,
             "policy_lag": {"mean": float(lags.mean()), "p50": float(np.percentile(lags, 50)),
                            "p90": float(np.percentile(lags, 90)), "max": float(lags.max())},

@@ -17,6 +17,7 @@ from distrl.observe.trace import configure, tracer
 from distrl.roles.experience import write_store
 from distrl.roles.factory import resolve_device, trace_settings
 from distrl.runtime.actors import Evaluator, GradientWorker, Learner, ParameterServer, ReplayServer, RolloutWorker
+from distrl.runtime.inference import InferenceServer
 from distrl.runtime.ray_setup import (ACTOR_GONE, actor_options, heap_runtime_env, in_bundle, init_ray,
                                      role_count, role_resources, spread_group)
 from distrl.runtime.watch import RoleLost, RoleWatch
@@ -52,6 +53,10 @@ class RayRoles(Roles):
             d, self.ps, self.replay, device, self.gradient_workers)
         self.evaluator = Evaluator.options(**role, **place["evaluator"]).remote(d, self.ps, run_dir, start_time,
                                                                                 eval_resume)
+        # Its calls are retried on a restarted server, which pulls the weights again before it answers.
+        self.inference = [InferenceServer.options(**place["inference"], max_restarts=f.max_role_restarts,
+                                                  max_task_retries=-1).remote(d, self.ps, cfg.workers)
+                          for _ in range(role_count(cfg, "inference"))]
         # A dead worker is restarted by Ray with the same constructor args and options (so the same
         # placement) and re-syncs its weights on its first sample; its in-flight fragment is lost and
         # counted by the driver. Spreading uses Ray's SPREAD strategy rather than a placement group: it is
@@ -59,11 +64,11 @@ class RayRoles(Roles):
         # front, has to be re-placed after a node loss, and must be removed at the end.
         spread = {"scheduling_strategy": "SPREAD"} if cfg.placement.workers_strategy == "spread" else {}
         workers = [RolloutWorker.options(**place["workers"], **spread, max_restarts=f.max_worker_restarts + 1,
-                                         max_task_retries=0).remote(d, i, cfg.workers, self.ps)
+                                         max_task_retries=0).remote(d, i, cfg.workers, self.ps, *self.inference)
                    for i in range(cfg.workers)]
         self.pool = WorkerPool(workers, cfg)
         self.watch = RoleWatch({"learner": self.learner, "replay": self.replay, "parameter_server": self.ps,
-                                "evaluator": self.evaluator})
+                                "evaluator": self.evaluator, **{"inference": s for s in self.inference}})
         for name in self.watch.actors:  # their processes started in parallel; wait once for all
             self.watch.wait_for(name, f.role_timeout_s)
         ray.get(self.learner.publish.remote())  # version 0 exists before any worker acts
@@ -153,7 +158,8 @@ class RayRoles(Roles):
             self.rewound.append(TrainStats(rewound_to=int(self.learner_state["state"]["updates"]), version=version))
         elif name == "parameter_server":
             self.learner.publish.remote()  # it came back empty: the learner's newest weights, now
-        # The replay server refills itself from the newest checkpoint; the evaluator needs nothing.
+        # The replay server refills itself from the newest checkpoint; the evaluator needs nothing; the
+        # inference server pulls the weights before it answers (its recurrent states start from zero).
 
     def updates_in_flight(self) -> int:
         return sum(self.train_calls.values())
@@ -233,7 +239,8 @@ class RayRoles(Roles):
                 self._recover(name)
         r = self.watch.restarts
         return Restarts(workers=self.pool.restarts, evaluator=r["evaluator"], replay=r["replay"],
-                        learner=r["learner"], parameter_server=r["parameter_server"], workers_lost=len(self.pool.lost))
+                        learner=r["learner"], parameter_server=r["parameter_server"], workers_lost=len(self.pool.lost),
+                        inference=r.get("inference", 0))
 
     def time_breakdown(self) -> dict[str, float]:
         return dict(self.timings)
@@ -252,7 +259,8 @@ class RayRoles(Roles):
         return drained
 
     def actors(self) -> list:
-        return [*self.workers, self.learner, self.evaluator, self.replay, self.ps, *self.gradient_workers]
+        return [*self.workers, self.learner, self.evaluator, self.replay, self.ps, *self.gradient_workers,
+                *self.inference]
 
     def worker_pids(self) -> list[int]:
         return self.pool.pids_now()

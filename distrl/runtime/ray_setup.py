@@ -53,7 +53,7 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
         raise ConfigError(f"--address {address}: no Ray cluster answers there ({e.strerror or e})") from None
 
 
-ROLES = ("learner", "replay", "parameter_server", "evaluator", "workers", "gradient_workers")
+ROLES = ("learner", "replay", "parameter_server", "evaluator", "workers", "gradient_workers", "inference")
 
 
 def role_resources(cfg, clustered: bool, device: str) -> dict[str, dict[str, float]]:
@@ -63,7 +63,7 @@ def role_resources(cfg, clustered: bool, device: str) -> dict[str, dict[str, flo
     one machine, reservations would only cap the worker count (the other roles mostly wait: no CPU).
     """
     cpus = 1.0 if clustered else 0.0
-    always = {"workers": {"CPU": cpus}, "gradient_workers": {"CPU": cpus},
+    always = {"workers": {"CPU": cpus}, "gradient_workers": {"CPU": cpus}, "inference": {"CPU": cpus},
               "learner": {"CPU": cpus, "GPU": 1.0 if device.startswith("cuda") else 0.0}}
     return {role: {**always.get(role, {"CPU": 0.0}), **{str(k): float(v) for k, v in getattr(cfg.placement, role).items()}}
             for role in ROLES}
@@ -73,6 +73,8 @@ def role_count(cfg, role: str) -> int:
     """Actors of `role` a run starts."""
     if role == "gradient_workers":
         return cfg.learner.num_gradient_workers if cfg.learner.num_gradient_workers > 1 else 0
+    if role == "inference":
+        return int(cfg.rollout.inference == "central")
     return cfg.workers if role == "workers" else 1
 
 

@@ -333,7 +333,8 @@ def test_an_out_of_band_reset_abandons_the_adders_open_episodes():
     policy.episodes_ended(np.array([True, False]))  # an ordinary step's episode end: the adder sees it
     assert adder.resets == 0
     policy.episodes_ended(np.ones(2, bool))  # envs reset with no step in between (a worker restore)
-    assert adder.resets == 1 and not policy._state.any()
+    assert adder.resets == 1
+    assert not policy.act(np.ones((2, 3), np.float32), explore=True)[1]["state"].any()  # both envs start afresh
 
 
 def test_the_acting_module_never_imports_torch():

@@ -1,0 +1,122 @@
+"""Central inference (`rollout.inference: central`): an InferenceServer actor runs the network for every
+RolloutWorker actor. With the same weights and seeds, workers acting through it produce the fragments
+that workers acting locally do, recurrent states included; the server batches concurrent workers."""
+import json
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+import ray
+
+from distrl import train
+from distrl.config import ConfigError, load_config, to_dict
+from distrl.observe.report import run_report
+from distrl.roles.factory import build_algorithm
+from distrl.runtime.actors import ParameterServer, RolloutWorker
+from distrl.runtime.inference import InferenceServer
+from tests.runtime.processes import pids_of
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+QUIET = ["log.tensorboard=false", "log.progress=false"]
+
+
+def fragments(cfg, ps, server, fragments_each: int = 3) -> list[list[tuple]]:
+    """Each of two workers' fragments (data, priorities), the workers sampling at the same time."""
+    d = to_dict(cfg)
+    extra = [server] if server is not None else []
+    workers = [RolloutWorker.remote(d, i, 2, ps, *extra) for i in range(2)]
+    out: list[list[tuple]] = [[], []]
+    for _ in range(fragments_each):
+        calls = [w.sample.remote(True) for w in workers]  # (info, payload) refs each
+        for i, (data, priorities, _) in enumerate(ray.get([payload for _, payload in calls])):
+            out[i].append((data, priorities))
+    for w in workers:
+        ray.kill(w)
+    return out
+
+
+@pytest.mark.parametrize("config, overrides", [
+    ("apex_dqn_cartpole.yaml", []),
+    ("ppo_cartpole.yaml", []),
+    ("sac_pendulum.yaml", ["sac.random_steps=0"]),  # past the uniform warm-up: the actor's network acts
+    ("impala_lunarlander.yaml", []),
+    ("r2d2_position_only_cartpole.yaml", ["rollout.fragment_length=40"]),  # sequences complete: stored states
+])
+def test_central_inference_gives_the_fragments_local_inference_gives(ray_session, config, overrides):
+    cfg = load_config(os.path.join(ROOT, "configs", config), ["mode=sync", "workers=2", "seed=3", *overrides])
+    weights = build_algorithm(cfg).make_learner("cpu").get_weights()
+    ps = ParameterServer.remote()
+    ray.get(ps.push.remote(0, [ray.put(weights)]))
+    server = InferenceServer.remote(to_dict(cfg), ps, 2)
+    local, central = fragments(cfg, ps, None), fragments(cfg, ps, server)
+    compared = 0
+    for mine, theirs in zip(local, central):
+        for (data, prio), (data_c, prio_c) in zip(mine, theirs):
+            assert data.keys() == data_c.keys()
+            for k in data.keys() - {"chunk/key", "item/chunks"}:  # chunk names are unique per process
+                if np.issubdtype(data[k].dtype, np.floating):
+                    np.testing.assert_allclose(data_c[k], data[k], rtol=1e-5, atol=1e-5, err_msg=k)
+                else:
+                    np.testing.assert_array_equal(data_c[k], data[k], err_msg=k)
+                compared += data[k].size
+            if prio is not None:
+                np.testing.assert_allclose(prio_c, prio, rtol=1e-5, atol=1e-5)
+    assert compared > 0
+    if cfg.algo == "r2d2":  # stored sequence-start states came from the server, and are not all zero
+        assert any(data["item/state"].any() for data, _ in central[0])
+    stats = ray.get(server.stats.remote())
+    assert stats["batches"] < stats["requests"]  # two workers' steps shared batches
+    ray.kill(server)
+    ray.kill(ps)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_run_with_central_inference_learns_cartpole(ray_session, tmp_path, mode):
+    run_dir = str(tmp_path / "run")
+    summary = train(os.path.join(ROOT, "configs", "ppo_cartpole.yaml"), run_dir=run_dir,
+                    overrides=[f"mode={mode}", "workers=2", "seed=0", "rollout.inference=central",
+                               "stop.max_seconds=120", "log.trace=true", *QUIET])
+    assert summary["solved"], summary
+    with open(os.path.join(run_dir, "trace.json")) as fh:
+        events = json.load(fh)["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "process_name"}
+    batches = [e for e in events if e.get("name") == "infer_batch" and names[e["pid"]] == "inference"]
+    assert len(batches) > 100 and max(e["args"]["requests"] for e in batches) == 2  # both workers in one batch
+    assert "inference" in run_report(run_dir)  # the server has its row in where the time goes
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["algo=a3c", "mode=async"], r"rollout\.inference.*a3c acts only in its workers"),
+    (["mode=single"], r"rollout\.inference.*only modes sync and async start Ray actors"),
+])
+def test_central_inference_where_it_cannot_run_is_refused(tmp_path, overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        train(os.path.join(ROOT, "configs", "ppo_cartpole.yaml"), run_dir=str(tmp_path / "run"),
+              overrides=["rollout.inference=central", *overrides, *QUIET])
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_killed_inference_server_is_restarted_and_the_run_still_learns(ray_session, tmp_path):
+    run_dir = str(tmp_path / "run")
+    killed: list = []
+
+    def kill_once_sampling():
+        metrics, deadline = os.path.join(run_dir, "metrics.csv"), time.time() + 100
+        while time.time() < deadline and not (os.path.exists(metrics) and len(open(metrics).readlines()) > 2):
+            time.sleep(0.1)
+        killed.extend(pids_of("InferenceServer"))
+        for pid in killed:
+            os.kill(pid, signal.SIGKILL)
+
+    thread = threading.Thread(target=kill_once_sampling, daemon=True)
+    thread.start()
+    summary = train(os.path.join(ROOT, "configs", "ppo_cartpole.yaml"), run_dir=run_dir,
+                    overrides=["mode=async", "workers=2", "seed=0", "rollout.inference=central",
+                               "stop.max_seconds=150", "log.interval_s=0.25", *QUIET])
+    thread.join(timeout=5)
+    assert len(killed) == 1
+    assert summary["solved"] and summary["failure"] is None, summary
+    assert summary["inference_restarts"] == 1 and summary["worker_restarts"] == 0, summary
