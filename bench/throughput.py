@@ -88,14 +88,15 @@ def _never_learn(config: str) -> list[str]:
     return [f"replay.capacity={capacity}", f"replay.min_size={capacity}", "eval.interval_s=1000"]
 
 
-def run(config: str, mode: str, workers: int, seconds: float, learn: bool, extra: list[str] = ()) -> dict:
+def run(config: str, mode: str, workers: int, seconds: float, learn: bool, extra: list[str] = (),
+        run_dir: str | None = None) -> dict:
     from distrl import train
 
     overrides = [f"mode={mode}", f"workers={workers}", "eval.target_return=null", "log.progress=false",
                  "log.tensorboard=false", "log.interval_s=0.5", *extra]
     if not learn:  # sampling only: learning never starts, so no learner competes for the cores
         overrides += _never_learn(config)
-    run_dir = tempfile.mkdtemp(prefix=f"bench-{mode}-{workers}-")
+    run_dir = run_dir or tempfile.mkdtemp(prefix=f"bench-{mode}-{workers}-")
     start = time.time()
     # stop.max_seconds counts from start-up: give start-up its own allowance.
     summary = train(config, overrides=overrides + [f"stop.max_seconds={seconds + 30}"], run_dir=run_dir,

@@ -18,7 +18,7 @@ from distrl.roles.experience import write_store
 from distrl.roles.factory import resolve_device, trace_settings
 from distrl.runtime.actors import Evaluator, GradientWorker, Learner, ParameterServer, ReplayServer, RolloutWorker
 from distrl.runtime.inference import InferenceServer
-from distrl.runtime.ray_setup import (ACTOR_GONE, actor_options, heap_runtime_env, in_bundle, init_ray,
+from distrl.runtime.ray_setup import (ACTOR_GONE, actor_options, heap_runtime_env, in_bundle, init_ray, next_to,
                                      role_count, role_resources, spread_group)
 from distrl.runtime.watch import RoleLost, RoleWatch
 from distrl.runtime.workers import WorkerPool
@@ -44,12 +44,15 @@ class RayRoles(Roles):
         grads = role_count(cfg, "gradient_workers")
         self.group = spread_group(wanted["gradient_workers"], grads, f.role_timeout_s) if grads else None
         self.ps = ParameterServer.options(**role, **place["parameter_server"]).remote(trace_settings(cfg))
-        self.replay = ReplayServer.options(**role, **place["replay"], runtime_env=heap_env).remote(d, run_dir)
+        # On a cluster an unplaced replay server goes to the learner's node: batches that cross nodes cost
+        # the learner ~4x its updates/s (bench/RESULTS.md, paper model).
+        near = next_to(place["learner"], f.role_timeout_s) if address and not cfg.placement.replay else {}
+        self.replay = ReplayServer.options(**role, **place["replay"], **near, runtime_env=heap_env).remote(d, run_dir)
         self.gradient_workers = [
             GradientWorker.options(**place["gradient_workers"], **in_bundle(self.group, i),
                                    max_restarts=f.max_role_restarts, max_task_retries=3).remote(d, i)
             for i in range(grads)]
-        self.learner = Learner.options(**role, **place["learner"], runtime_env=heap_env).remote(
+        self.learner = Learner.options(**role, **place["learner"], **near, runtime_env=heap_env).remote(
             d, self.ps, self.replay, device, self.gradient_workers)
         self.evaluator = Evaluator.options(**role, **place["evaluator"]).remote(d, self.ps, run_dir, start_time,
                                                                                 eval_resume)

@@ -102,6 +102,21 @@ def spread_group(resources: dict[str, float], count: int, timeout_s: float):
     return group
 
 
+@ray.remote(num_cpus=0)
+def _node_id() -> str:
+    return ray.get_runtime_context().get_node_id()
+
+
+def next_to(options: dict, timeout_s: float) -> dict:
+    """`.options()` pinning actors to a node where an actor asking for `options` can run, found by running
+    a probe task with those options there. Pinned hard: Ray's soft affinity placed one actor in three
+    elsewhere on a two-node cluster. A pinned actor restarts on that node only."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    node = ray.get(_node_id.options(**options).remote(), timeout=timeout_s)
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False)}
+
+
 def in_bundle(group, index: int) -> dict:
     """`.options()` putting an actor into bundle `index` of `group`; Ray's SPREAD strategy without one."""
     if group is None:

@@ -115,7 +115,7 @@ def test_ppo_with_two_gradient_workers_on_two_nodes_solves_cartpole(cluster, tmp
     ids, where = node_ids(cluster), placed(run_dir)
     grads = {where["gradient worker 0"], where["gradient worker 1"]}
     assert grads == {ids["a"], ids["b"]}  # spread: one on each node with worker slots
-    assert where["learner"] == ids["head"]
+    assert where["learner"] == where["replay"] == ids["head"]  # an unplaced replay server joins the learner
 
 
 def test_an_impossible_placement_is_one_line_and_exit_2_before_anything_starts(cluster, tmp_path):
