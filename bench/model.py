@@ -8,10 +8,12 @@
    per learner update, by role: the worker (env steps, inference, building the fragment, Ray's
    per-call work), the learner, and everything else that handles a fragment (driver, replay server,
    parameter server, the raylet and GCS, the evaluator). Plus the worker's wall time per fragment,
-   its CPU time plus its wait for Ray between two calls.
+   its CPU time plus its wait for Ray between two calls; and per update, the learner's CPU and busy wall
+   time and what the other processes spend on it beyond its env steps (replay CPU: sampling the batch,
+   its priorities, its transfer).
 2. The model, with W workers on C cores (all Ray nodes of this machine share its cores):
       sampling only:  fragments/s = min(W / worker wall, C / (worker CPU + rest CPU))
-      learning:       updates/s  = min(1 / learner wall, C / (learner CPU + k (worker CPU + rest CPU) / F),
+      learning:       updates/s  = min(1 / learner wall, C / (learner CPU + replay CPU + k (worker CPU + rest CPU) / F),
                                        fragments/s x F / k)
    where k = batch_size / samples_per_insert env steps per update (the rate limiter's ratio); env
    steps/s = k x updates/s. The bound that is smallest names what saturates: the workers, the cores,
@@ -138,12 +140,17 @@ def costs_from(sampling: dict, learning: dict, cfg) -> dict:
     per_frag = F / sampling["env_steps_per_s"]  # seconds between fragments: one worker's cycle
     cpu = sampling["cpu_per_s"]
     rest = sum(v for k, v in cpu.items() if k != "worker")  # driver, replay, raylet, GCS, polling learner
-    lcpu = learning["cpu_per_s"]
-    return {"fragment_steps": F, "worker_wall_s": per_frag, "worker_cpu_s": cpu.get("worker", 0.0) * per_frag,
-            "rest_cpu_s": rest * per_frag,
-            "learner_cpu_s": lcpu.get("learner", 0.0) / learning["updates_per_s"],
-            "learner_wall_s": (1.0 - learning["learner_wait_frac"]) / learning["updates_per_s"],
-            "env_steps_per_update": cfg.learner.batch_size / cfg.replay.samples_per_insert}
+    lcpu, u = learning["cpu_per_s"], learning["updates_per_s"]
+    k = cfg.learner.batch_size / cfg.replay.samples_per_insert
+    worker_cpu, rest_cpu = cpu.get("worker", 0.0) * per_frag, rest * per_frag
+    # What an update costs the other processes beyond the k env steps it stands for: the replay server
+    # sampling its batch and taking its priorities, the batch's transfer.
+    others = sum(v for key, v in lcpu.items() if key != "learner") / u
+    return {"fragment_steps": F, "worker_wall_s": per_frag, "worker_cpu_s": worker_cpu, "rest_cpu_s": rest_cpu,
+            "learner_cpu_s": lcpu.get("learner", 0.0) / u,
+            "learner_wall_s": (1.0 - learning["learner_wait_frac"]) / u,
+            "per_update_rest_cpu_s": max(0.0, others - k * (worker_cpu + rest_cpu) / F),
+            "env_steps_per_update": k}
 
 
 def predict(c: dict, workers: int, cores: int) -> dict:
@@ -151,7 +158,8 @@ def predict(c: dict, workers: int, cores: int) -> dict:
     frag_cpu = c["worker_cpu_s"] + c["rest_cpu_s"]
     sampling = {"workers": workers / c["worker_wall_s"], "cores": cores / frag_cpu}
     s_bound = min(sampling, key=sampling.get)
-    learning = {"learner": 1.0 / c["learner_wall_s"], "cores": cores / (c["learner_cpu_s"] + k * frag_cpu / F),
+    per_update_cpu = c["learner_cpu_s"] + c["per_update_rest_cpu_s"] + k * frag_cpu / F
+    learning = {"learner": 1.0 / c["learner_wall_s"], "cores": cores / per_update_cpu,
                 "workers": sampling[s_bound] * F / k}
     l_bound = min(learning, key=learning.get)
     return {"sampling_env_steps_per_s": sampling[s_bound] * F, "sampling_bound": s_bound,

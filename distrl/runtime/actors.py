@@ -193,8 +193,8 @@ class RemoteInference(Inference):
 
     def __init__(self, server, worker_index: int, policy):
         self.server, self.worker, self.policy = server, worker_index, policy
-        self.resets = None  # envs that start an episode before the next step; None: all (a fresh process)
-        self.fresh = True
+        self.resets = None  # envs that start an episode before the next step (None: none)
+        self.fresh = True   # a new process: every env starts one
 
     def step(self, obs):
         reset = np.ones(len(obs), bool) if self.fresh else self.resets

@@ -6,11 +6,13 @@ import asyncio
 import os
 
 import ray
+from ray.exceptions import ObjectLostError, RayTaskError
 
 from distrl.config import from_dict
 from distrl.observe.trace import tracer
 from distrl.roles.factory import trace_settings
 from distrl.runtime.actors import Traced, start_tracing
+from distrl.runtime.ray_setup import ACTOR_GONE
 
 
 @ray.remote(num_cpus=0, enable_task_events=False)
@@ -43,24 +45,33 @@ class InferenceServer(Traced):
         return self.policy.version
 
     async def _pull(self) -> None:
-        got = await self.ps.pull_if_newer.remote(self.policy.version)
-        if got is not None:
+        """A parameter server that is down (being restarted) costs this pull, not the workers' steps."""
+        try:
+            got = await self.ps.pull_if_newer.remote(self.policy.version)
+            if got is None:
+                return
             version, (ref,) = got
             weights = await ref
-            with tracer().span("pull_weights", "transfer", version=version):
-                tracer().flow_in("weights", version)
-                self.policy.set_weights(weights, version)
+        except (*ACTOR_GONE, RayTaskError, ObjectLostError):
+            return
+        with tracer().span("pull_weights", "transfer", version=version):
+            tracer().flow_in("weights", version)
+            self.policy.set_weights(weights, version)
+
+    async def _have_weights(self) -> None:
+        """A fresh or restarted server pulls before it answers (the learner published before any worker acted)."""
+        while self.policy.version < 0:
+            if await self.refresh() < 0:
+                await asyncio.sleep(0.01)
 
     async def step(self, worker: int, obs, reset):
         """(outputs, weight version) for one step of `worker`'s envs."""
-        while self.policy.version < 0:  # a fresh or restarted server: the learner published before any worker acts
-            await self.refresh()
+        await self._have_weights()
         return await self.batcher.step(worker, obs, reset), self.policy.version
 
     async def forward(self, obs, state):
         """`Policy.forward` on rows outside the envs' flow (a worker's bootstrap values)."""
-        while self.policy.version < 0:
-            await self.refresh()
+        await self._have_weights()
         return self.policy.forward(obs, state)
 
     async def stats(self) -> dict:
