@@ -25,3 +25,26 @@ def pids_of(name: str) -> list[int]:
     """Processes of the actor class `name` (e.g. "RolloutWorker") started by this session's Ray."""
     out = subprocess.run(["pgrep", "-f", f"ray::{name}"], capture_output=True, text=True).stdout
     return [int(p) for p in out.split() if descends_from_us(int(p))]
+
+
+def kill_one_once_logging(run_dir: str, name: str, timeout_s: float = 100.0):
+    """A started thread that SIGKILLs one `name` actor process once the run has written a few metrics rows;
+    the list it returns gets (pid, time) of the kill."""
+    import signal
+    import threading
+    import time
+
+    killed: list = []
+
+    def kill():
+        metrics, deadline = os.path.join(run_dir, "metrics.csv"), time.time() + timeout_s
+        while time.time() < deadline and not (os.path.exists(metrics) and len(open(metrics).readlines()) > 2):
+            time.sleep(0.1)
+        pids = pids_of(name)
+        if pids:
+            os.kill(pids[0], signal.SIGKILL)
+            killed.append((pids[0], time.time()))
+
+    thread = threading.Thread(target=kill, daemon=True)
+    thread.start()
+    return thread, killed

@@ -1,12 +1,10 @@
 """Gradient workers through real Ray actors: the learner shares each step's gradient with them."""
 import json
 import os
-import signal
-import threading
 import time
 
 from distrl import train
-from tests.runtime.processes import pids_of
+from tests.runtime.processes import kill_one_once_logging
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 QUIET = ["log.progress=false", "log.tensorboard=false", "log.trace=true"]
@@ -39,18 +37,8 @@ def test_apex_async_with_two_gradient_workers_trains_and_both_share_every_step(r
 def test_a_killed_gradient_worker_is_restarted_and_ppo_still_solves(ray_session, tmp_path):
     """Its gradient call is retried on the restarted process (a pure function of weights and shard)."""
     run_dir = str(tmp_path / "run")
-    killed: list = []
-
-    def kill_once_learning():
-        metrics, deadline = os.path.join(run_dir, "metrics.csv"), time.time() + 100
-        while time.time() < deadline and not (os.path.exists(metrics) and len(open(metrics).readlines()) > 2):
-            time.sleep(0.1)
-        killed.append((pids_of("GradientWorker")[0], time.time()))
-        os.kill(killed[0][0], signal.SIGKILL)
-
-    thread = threading.Thread(target=kill_once_learning, daemon=True)
     start = time.time()
-    thread.start()
+    thread, killed = kill_one_once_logging(run_dir, "GradientWorker")
     summary = train(os.path.join(ROOT, "configs", "ppo_cartpole.yaml"), run_dir=run_dir, start_time=start,
                     overrides=["mode=sync", "workers=2", "seed=0", "learner.num_gradient_workers=2",
                                "stop.max_seconds=150", "log.interval_s=0.25", *QUIET])

@@ -3,9 +3,6 @@ RolloutWorker actor. With the same weights and seeds, workers acting through it 
 that workers acting locally do, recurrent states included; the server batches concurrent workers."""
 import json
 import os
-import signal
-import threading
-import time
 
 import numpy as np
 import pytest
@@ -17,7 +14,7 @@ from distrl.observe.report import run_report
 from distrl.roles.factory import build_algorithm
 from distrl.runtime.actors import ParameterServer, RolloutWorker
 from distrl.runtime.inference import InferenceServer
-from tests.runtime.processes import pids_of
+from tests.runtime.processes import kill_one_once_logging
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 QUIET = ["log.tensorboard=false", "log.progress=false"]
@@ -101,18 +98,7 @@ def test_central_inference_where_it_cannot_run_is_refused(tmp_path, overrides, m
 
 def test_a_killed_inference_server_is_restarted_and_the_run_still_learns(ray_session, tmp_path):
     run_dir = str(tmp_path / "run")
-    killed: list = []
-
-    def kill_once_sampling():
-        metrics, deadline = os.path.join(run_dir, "metrics.csv"), time.time() + 100
-        while time.time() < deadline and not (os.path.exists(metrics) and len(open(metrics).readlines()) > 2):
-            time.sleep(0.1)
-        killed.extend(pids_of("InferenceServer"))
-        for pid in killed:
-            os.kill(pid, signal.SIGKILL)
-
-    thread = threading.Thread(target=kill_once_sampling, daemon=True)
-    thread.start()
+    thread, killed = kill_one_once_logging(run_dir, "InferenceServer")
     summary = train(os.path.join(ROOT, "configs", "ppo_cartpole.yaml"), run_dir=run_dir,
                     overrides=["mode=async", "workers=2", "seed=0", "rollout.inference=central",
                                "stop.max_seconds=150", "log.interval_s=0.25", *QUIET])
