@@ -240,6 +240,12 @@ class RayRoles(Roles):
         if exact:
             for name in self.watch.poll():
                 self._recover(name)
+            for name in self.watch.actors:  # one killed just before the end is counted once it answers again
+                try:
+                    if self.watch.wait_for(name, min(10.0, self.cfg.fault.role_timeout_s)):
+                        self._recover(name)
+                except RoleLost:
+                    pass  # still down: not counted as restarted
         r = self.watch.restarts
         return Restarts(workers=self.pool.restarts, evaluator=r["evaluator"], replay=r["replay"],
                         learner=r["learner"], parameter_server=r["parameter_server"], workers_lost=len(self.pool.lost),
