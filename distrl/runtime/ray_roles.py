@@ -246,6 +246,7 @@ class RayRoles(Roles):
                         self._recover(name)
                 except RoleLost:
                     pass  # still down: not counted as restarted
+            self.pool.settle(min(10.0, self.cfg.fault.role_timeout_s))
         r = self.watch.restarts
         return Restarts(workers=self.pool.restarts, evaluator=r["evaluator"], replay=r["replay"],
                         learner=r["learner"], parameter_server=r["parameter_server"], workers_lost=len(self.pool.lost),

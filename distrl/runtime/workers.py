@@ -68,6 +68,17 @@ class WorkerPool:
             self.lost.discard(i)
             self.gatherer.release(i)
 
+    def settle(self, timeout_s: float) -> None:
+        """Ask every worker its pid: one restarted since its last answer is counted now (a run's end)."""
+        refs = {i: w.pid.remote() for i, w in enumerate(self.workers) if i not in self.lost}
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
+        for i, ref in refs.items():
+            if ref in ready:
+                try:
+                    self._seen(i, ray.get(ref))
+                except (*ACTOR_GONE, RayTaskError):
+                    pass  # still down: not counted
+
     def all_lost(self) -> bool:
         return len(self.lost) == len(self.workers)
 
