@@ -38,9 +38,9 @@ class RayRoles(Roles):
         wanted = role_resources(cfg, bool(address), device)
         place = {name: actor_options(res) for name, res in wanted.items()}
         role = {"max_restarts": f.max_role_restarts, "max_task_retries": 0}
-        # Gradient workers are spread over the nodes (one bundle each of a SPREAD placement group): their
-        # point is more cores for the learner's arithmetic. A gradient call is pure, so Ray may retry it on
-        # a restarted worker.
+        # Gradient workers are spread over the nodes (one bundle each of a placement group, one per node
+        # where enough nodes fit them): their point is more cores for the learner's arithmetic. A gradient call
+        # is pure, so Ray may retry it on a restarted worker.
         grads = role_count(cfg, "gradient_workers")
         self.group = spread_group(wanted["gradient_workers"], grads, f.role_timeout_s) if grads else None
         self.ps = ParameterServer.options(**role, **place["parameter_server"]).remote(trace_settings(cfg))

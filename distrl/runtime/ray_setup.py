@@ -84,16 +84,25 @@ def actor_options(resources: dict[str, float]) -> dict:
     return {"num_cpus": resources.get("CPU", 0.0), "num_gpus": resources.get("GPU", 0.0), "resources": custom}
 
 
-def spread_group(resources: dict[str, float], count: int, timeout_s: float):
-    """A placement group reserving `count` bundles of `resources` on as many nodes as can hold them
-    (Ray's SPREAD: all bundles placed at once with the cluster's full view, so two actors land on two
-    nodes whenever two nodes fit them). None when one actor asks for nothing: there is nothing to reserve.
-    Ray re-places a bundle whose node dies and restarts its actor there."""
+def spread_group(resources: dict[str, float], count: int, timeout_s: float, strict_grace_s: float = 15.0):
+    """A placement group reserving `count` bundles of `resources`, one per node where enough nodes could
+    hold one. None when one actor asks for nothing: there is nothing to reserve.
+
+    Ray's SPREAD looks only at what is free at that moment, so actors of a run that just ended (still
+    releasing their CPUs) made it pack two bundles onto one node. STRICT_SPREAD waits for them; it falls
+    back to SPREAD after `strict_grace_s` (another run holds the nodes) or when too few nodes fit one
+    bundle. Ray re-places a bundle whose node dies and restarts its actor there."""
     from ray.util.placement_group import placement_group, remove_placement_group
 
     bundle = {k: v for k, v in resources.items() if v > 0}
     if not bundle or count < 1:
         return None
+    fitting = sum(1 for n in ray.nodes() if n["Alive"] and all(n["Resources"].get(k, 0) >= v for k, v in bundle.items()))
+    if count > 1 and fitting >= count:
+        group = placement_group([dict(bundle) for _ in range(count)], strategy="STRICT_SPREAD")
+        if group.wait(timeout_seconds=min(strict_grace_s, timeout_s)):
+            return group
+        remove_placement_group(group)
     group = placement_group([dict(bundle) for _ in range(count)], strategy="SPREAD")
     if not group.wait(timeout_seconds=timeout_s):
         remove_placement_group(group)

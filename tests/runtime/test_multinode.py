@@ -207,3 +207,30 @@ def test_a_lost_node_costs_its_workers_and_a_node_joining_later_takes_them_back(
     workers = {name: proc for name, proc in processes.items() if name.startswith("worker")}
     assert sorted(node for node, _ in workers.values()) == sorted([ids["a"], ids["a"], node_c])
     assert all("sample" in did for _, did in workers.values())
+
+
+@ray.remote
+class _Holder:
+    def node(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
+
+def test_gradient_worker_bundles_wait_for_a_node_still_being_freed(cluster):
+    """Node b's CPUs are held by an actor killed just before the group is asked for (as when a run has
+    just ended): both bundles still land one per node, not both on node a."""
+    from ray.util.placement_group import placement_group_table, remove_placement_group
+
+    from distrl.runtime.ray_setup import spread_group
+
+    holder = _Holder.options(num_cpus=2, resources={"node_b": 1}).remote()
+    ray.get(holder.node.remote())
+    freed = threading.Timer(2.0, ray.kill, args=(holder,))
+    freed.start()
+    group = spread_group({"CPU": 1.0, "worker_slot": 1.0}, 2, timeout_s=30)
+    try:
+        nodes = {node[:8] for node in placement_group_table(group)["bundles_to_node_id"].values()}
+        ids = node_ids(cluster)
+        assert nodes == {ids["a"], ids["b"]}
+    finally:
+        freed.join()
+        remove_placement_group(group)
