@@ -3,7 +3,8 @@ placement, and a node lost (and another joining) mid-run.
 
 One `ray.cluster_utils.Cluster` (a head and two more nodes, each with its own custom resource) serves
 the whole module. The session's embedded Ray (`ray_session`) is shut down first and started again at
-the end, so the test modules that run after this one find it as they left it.
+the end, so the test modules that run after this one find it as they left it. The node-loss test
+removes node b, so it stays the last one here.
 """
 import csv
 import json
@@ -118,6 +119,33 @@ def test_ppo_with_two_gradient_workers_on_two_nodes_solves_cartpole(cluster, tmp
     assert where["learner"] == where["replay"] == ids["head"]  # an unplaced replay server joins the learner
 
 
+@ray.remote
+class _Holder:
+    def node(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
+
+def test_gradient_worker_bundles_wait_for_a_node_still_being_freed(cluster):
+    """Node b's CPUs are held by an actor killed just before the group is asked for (as when a run has
+    just ended): both bundles still land one per node, not both on node a."""
+    from ray.util.placement_group import placement_group_table, remove_placement_group
+
+    from distrl.runtime.ray_setup import spread_group
+
+    holder = _Holder.options(num_cpus=2, resources={"node_b": 1}).remote()
+    ray.get(holder.node.remote(), timeout=60)
+    freed = threading.Timer(2.0, ray.kill, args=(holder,))
+    freed.start()
+    group = spread_group({"CPU": 1.0, "worker_slot": 1.0}, 2, timeout_s=30)
+    try:
+        nodes = {node[:8] for node in placement_group_table(group)["bundles_to_node_id"].values()}
+        ids = node_ids(cluster)
+        assert nodes == {ids["a"], ids["b"]}
+    finally:
+        freed.join()
+        remove_placement_group(group)
+
+
 def test_an_impossible_placement_is_one_line_and_exit_2_before_anything_starts(cluster, tmp_path):
     run_dir = tmp_path / "run"
     out = subprocess.run([sys.executable, "-m", "distrl.cli", "train", CARTPOLE, "--address", cluster.address,
@@ -208,29 +236,3 @@ def test_a_lost_node_costs_its_workers_and_a_node_joining_later_takes_them_back(
     assert sorted(node for node, _ in workers.values()) == sorted([ids["a"], ids["a"], node_c])
     assert all("sample" in did for _, did in workers.values())
 
-
-@ray.remote
-class _Holder:
-    def node(self) -> str:
-        return ray.get_runtime_context().get_node_id()
-
-
-def test_gradient_worker_bundles_wait_for_a_node_still_being_freed(cluster):
-    """Node b's CPUs are held by an actor killed just before the group is asked for (as when a run has
-    just ended): both bundles still land one per node, not both on node a."""
-    from ray.util.placement_group import placement_group_table, remove_placement_group
-
-    from distrl.runtime.ray_setup import spread_group
-
-    holder = _Holder.options(num_cpus=2, resources={"node_b": 1}).remote()
-    ray.get(holder.node.remote())
-    freed = threading.Timer(2.0, ray.kill, args=(holder,))
-    freed.start()
-    group = spread_group({"CPU": 1.0, "worker_slot": 1.0}, 2, timeout_s=30)
-    try:
-        nodes = {node[:8] for node in placement_group_table(group)["bundles_to_node_id"].values()}
-        ids = node_ids(cluster)
-        assert nodes == {ids["a"], ids["b"]}
-    finally:
-        freed.join()
-        remove_placement_group(group)
