@@ -65,15 +65,17 @@ class RayRoles(Roles):
         # counted by the driver. Spreading uses Ray's SPREAD strategy rather than a placement group: it is
         # one option per actor that Ray applies again on a restart, while a group reserves every bundle up
         # front, has to be re-placed after a node loss, and must be removed at the end.
+        self.watch = RoleWatch({"learner": self.learner, "replay": self.replay, "parameter_server": self.ps,
+                                "evaluator": self.evaluator, **{"inference": s for s in self.inference}})
+        if address:  # the roles hold their CPUs before workers ask: a worker on the learner's node could take them
+            self._wait_for_roles()
         spread = {"scheduling_strategy": "SPREAD"} if cfg.placement.workers_strategy == "spread" else {}
         workers = [RolloutWorker.options(**place["workers"], **spread, max_restarts=f.max_worker_restarts + 1,
                                          max_task_retries=0).remote(d, i, cfg.workers, self.ps, *self.inference)
                    for i in range(cfg.workers)]
         self.pool = WorkerPool(workers, cfg)
-        self.watch = RoleWatch({"learner": self.learner, "replay": self.replay, "parameter_server": self.ps,
-                                "evaluator": self.evaluator, **{"inference": s for s in self.inference}})
-        for name in self.watch.actors:  # their processes started in parallel; wait once for all
-            self.watch.wait_for(name, f.role_timeout_s)
+        if not address:  # embedded, no role reserves a CPU: workers start alongside the roles
+            self._wait_for_roles()
         ray.get(self.learner.publish.remote())  # version 0 exists before any worker acts
         # What a restarted learner is restored to: the newest checkpoint's state, or this one before it.
         self.learner_state = ray.get(self.learner.get_state.remote())
@@ -81,6 +83,10 @@ class RayRoles(Roles):
         self.rewound: list[TrainStats] = []  # learner restores to report with the next train()
         self.eval_ref = None
         self.timings = {"env_s": 0.0, "inference_s": 0.0, "pull_s": 0.0, "learner_s": 0.0, "learner_wait_s": 0.0}
+
+    def _wait_for_roles(self) -> None:
+        for name in self.watch.actors:  # their processes start in parallel; wait once for all
+            self.watch.wait_for(name, self.cfg.fault.role_timeout_s)
 
     @property
     def workers(self) -> list:

@@ -25,6 +25,7 @@ from distrl.runtime.ray_setup import init_ray
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CARTPOLE = os.path.join(ROOT, "configs", "apex_dqn_cartpole.yaml")
+PPO = os.path.join(ROOT, "configs", "ppo_cartpole.yaml")
 QUICK = ["log.tensorboard=false", "log.progress=false", "log.trace=true", "eval.episodes=2", "eval.interval_s=2",
          "replay.min_size=500", "learner.batch_size=64", "checkpoint.interval_s=3", "stop.max_seconds=60"]
 
@@ -108,7 +109,7 @@ def test_async_run_spreads_its_workers_over_the_nodes(cluster, tmp_path):
 
 def test_ppo_with_two_gradient_workers_on_two_nodes_solves_cartpole(cluster, tmp_path):
     run_dir = str(tmp_path / "run")
-    summary = train(os.path.join(ROOT, "configs", "ppo_cartpole.yaml"), run_dir=run_dir, address=cluster.address,
+    summary = train(PPO, run_dir=run_dir, address=cluster.address,
                     overrides=["mode=sync", "workers=2", "seed=0", "learner.num_gradient_workers=2",
                                "placement.learner={head_node: 1}", "placement.gradient_workers={worker_slot: 1}",
                                "stop.max_seconds=120", "log.tensorboard=false", "log.progress=false", "log.trace=true"])
@@ -167,7 +168,8 @@ def test_an_impossible_placement_is_one_line_and_exit_2_before_anything_starts(c
 def metrics_rows(run_dir: str) -> list[dict]:
     try:
         with open(os.path.join(run_dir, "metrics.csv")) as fh:
-            return [{k: float(v) for k, v in r.items() if k in ("wall_s", "env_steps", "worker_restarts")}
+            return [{k: float(v or "-inf") for k, v in r.items()
+                     if k in ("wall_s", "env_steps", "worker_restarts", "best_eval_return")}
                     for r in csv.DictReader(fh)]
     except FileNotFoundError:
         return []
@@ -191,31 +193,36 @@ def join_node(address: str, resources: dict) -> subprocess.Popen:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+SOLVED = 475.0  # CartPole's greedy return the default config calls solved
+
+
 def lose_node_b_then_add_node_c(cluster, run_dir: str, log: dict) -> None:
     """Node b goes once the run samples; node c joins once its workers are lost; the run is interrupted
-    (SIGINT, a clean stop) once a worker came back and the run sampled on for a few more rows."""
-    deadline = time.time() + 120
+    (SIGINT, a clean stop) once a worker came back, the run sampled on for a few more rows and its greedy
+    return reached SOLVED (the run does not stop itself when solved: the node events come first)."""
+    deadline = time.time() + 150
     wait_for(run_dir, lambda rows: rows[-1]["env_steps"] > 0, deadline)
     cluster.remove_node(cluster.nodes_by_name.pop("b"))
     log["lost_at"] = metrics_rows(run_dir)[-1]
     time.sleep(2 + 1)  # past fault.worker_timeout_s: both of node b's workers are lost
     log["node_c"] = join_node(cluster.address, {"node_c": 1, "worker_slot": 1})
     back = len(wait_for(run_dir, lambda rows: rows[-1]["worker_restarts"] >= 1, deadline))
-    wait_for(run_dir, lambda rows: len(rows) >= back + 3, deadline)
+    wait_for(run_dir, lambda rows: len(rows) >= back + 3 and rows[-1]["best_eval_return"] >= SOLVED, deadline)
     if "summary" not in log:  # the run is still going (never interrupt pytest itself)
         os.kill(os.getpid(), signal.SIGINT)
 
 
 def test_a_lost_node_costs_its_workers_and_a_node_joining_later_takes_them_back(cluster, tmp_path):
     """Node b (two of four workers) goes; node c joins with one worker slot: one worker comes back there,
-    the other stays lost (counted in summary.json), and the run goes on to a clean end on the rest."""
+    the other stays lost (counted in summary.json), and the run goes on to solve CartPole and a clean end."""
     run_dir = str(tmp_path / "run")
     log: dict = {}
     chaos = threading.Thread(target=lose_node_b_then_add_node_c, args=(cluster, run_dir, log), daemon=True)
     chaos.start()
     try:
-        log["summary"] = summary = train(CARTPOLE, run_dir=run_dir, address=cluster.address, overrides=QUICK + [
-            "mode=async", "workers=4", "stop.max_seconds=100", "eval.target_return=null",
+        log["summary"] = summary = train(PPO, run_dir=run_dir, address=cluster.address, overrides=[
+            "mode=async", "workers=4", "seed=0", "stop.max_seconds=140", "eval.target_return=null", "eval.episodes=10",
+            "log.tensorboard=false", "log.progress=false", "log.trace=true", "checkpoint.interval_s=3",
             "fault.worker_timeout_s=2", "log.interval_s=0.5", "placement.workers={worker_slot: 1}",
             "placement.learner={head_node: 1}", "placement.replay={head_node: 1}",
             "placement.parameter_server={head_node: 1}", "placement.evaluator={node_a: 1}"])
@@ -228,6 +235,7 @@ def test_a_lost_node_costs_its_workers_and_a_node_joining_later_takes_them_back(
     assert summary["stop_reason"] == "interrupted" and summary["failure"] is None, summary
     assert summary["workers_lost"] == 1 and summary["worker_restarts"] == 1, summary
     assert summary["env_steps"] > log["lost_at"]["env_steps"]  # it kept sampling after the loss
+    assert log["lost_at"]["best_eval_return"] < SOLVED <= summary["best_eval_return"], summary  # and solved after it
     assert_run_dir(run_dir, summary)
     # The one that came back kept its placement (a free worker slot: node c's, not the head's CPUs) and
     # sampled there; the lost one's trace went with its node.
