@@ -325,6 +325,10 @@ StoreWriter = Callable[[str], Any]
 """Writes the store into a checkpoint directory being built (see `distrl.checkpoint.run`)."""
 
 
+class RoleLost(RuntimeError):
+    """A role did not come back (or start) within its time: the run cannot go on."""
+
+
 class Roles(abc.ABC):
     """What the driver needs from the processes of a run: the contract every mode implements."""
 

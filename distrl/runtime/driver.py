@@ -10,14 +10,13 @@ import numpy as np
 
 from distrl.checkpoint import save_json
 from distrl.config import Config
-from distrl.core import NONFINITE, Gathered, Roles, TrainStats, add_to_sums
+from distrl.core import NONFINITE, Gathered, RoleLost, Roles, TrainStats, add_to_sums
 from distrl.observe import MetricsLogger
 from distrl.observe.trace import tracer, write_trace
 from distrl.registry import on_policy
 from distrl.replay.store import fragments_per_update, make_rate_limiter
 from distrl.runtime.counters import Counters
 from distrl.runtime.snapshot import save_checkpoint
-from distrl.runtime.watch import RoleLost
 
 
 def _mean(xs) -> float | None:

@@ -12,7 +12,7 @@ from ray.exceptions import GetTimeoutError, RayTaskError
 from ray.util.placement_group import remove_placement_group
 
 from distrl.config import Config, to_dict
-from distrl.core import Gathered, Restarts, Roles, RunState, TrainStats
+from distrl.core import Gathered, Restarts, RoleLost, Roles, RunState, TrainStats
 from distrl.observe.trace import configure, tracer
 from distrl.roles.experience import write_store
 from distrl.roles.factory import resolve_device, trace_settings
@@ -20,7 +20,7 @@ from distrl.runtime.actors import Evaluator, GradientWorker, Learner, ParameterS
 from distrl.runtime.inference import InferenceServer
 from distrl.runtime.ray_setup import (ACTOR_GONE, actor_options, heap_runtime_env, in_bundle, init_ray, next_to,
                                      role_count, role_resources, spread_group)
-from distrl.runtime.watch import RoleLost, RoleWatch
+from distrl.runtime.watch import RoleWatch
 from distrl.runtime.workers import WorkerPool
 
 
@@ -32,9 +32,21 @@ class RayRoles(Roles):
         init_ray(address)
         configure("driver", None, *trace_settings(cfg))
         self.cfg, self.run_dir = cfg, run_dir
-        d, f = to_dict(cfg), cfg.fault
-        device = resolve_device(cfg.device)
-        heap_env = heap_runtime_env()
+        self.group, self.pool, self.gradient_workers, self.inference = None, None, [], []
+        self.learner = self.evaluator = self.replay = self.ps = None
+        try:
+            self._start(cfg, run_dir, start_time, address, eval_resume)
+        except BaseException:  # nothing of a run that failed to start stays on the cluster
+            self.close()
+            raise
+        self.train_calls: dict = {}  # in-flight learner call -> updates asked
+        self.rewound: list[TrainStats] = []  # learner restores to report with the next train()
+        self.eval_ref = None
+        self.timings = {"env_s": 0.0, "inference_s": 0.0, "pull_s": 0.0, "learner_s": 0.0, "learner_wait_s": 0.0}
+
+    def _start(self, cfg: Config, run_dir: str, start_time: float, address: str | None,
+               eval_resume: dict | None) -> None:
+        d, f, heap_env, device = to_dict(cfg), cfg.fault, heap_runtime_env(), resolve_device(cfg.device)
         wanted = role_resources(cfg, bool(address), device)
         place = {name: actor_options(res) for name, res in wanted.items()}
         role = {"max_restarts": f.max_role_restarts, "max_task_retries": 0}
@@ -79,10 +91,6 @@ class RayRoles(Roles):
         ray.get(self.learner.publish.remote())  # version 0 exists before any worker acts
         # What a restarted learner is restored to: the newest checkpoint's state, or this one before it.
         self.learner_state = ray.get(self.learner.get_state.remote())
-        self.train_calls: dict = {}  # in-flight learner call -> updates asked
-        self.rewound: list[TrainStats] = []  # learner restores to report with the next train()
-        self.eval_ref = None
-        self.timings = {"env_s": 0.0, "inference_s": 0.0, "pull_s": 0.0, "learner_s": 0.0, "learner_wait_s": 0.0}
 
     def _wait_for_roles(self) -> None:
         for name in self.watch.actors:  # their processes start in parallel; wait once for all
@@ -90,7 +98,7 @@ class RayRoles(Roles):
 
     @property
     def workers(self) -> list:
-        return self.pool.workers
+        return self.pool.workers if self.pool is not None else []
 
     # --- workers ------------------------------------------------------------------
     def gather(self, allow_sampling: bool) -> Gathered:
@@ -275,8 +283,8 @@ class RayRoles(Roles):
         return drained
 
     def actors(self) -> list:
-        return [*self.workers, self.learner, self.evaluator, self.replay, self.ps, *self.gradient_workers,
-                *self.inference]
+        roles = (self.learner, self.evaluator, self.replay, self.ps)
+        return [*self.workers, *(a for a in roles if a is not None), *self.gradient_workers, *self.inference]
 
     def worker_pids(self) -> list[int]:
         return self.pool.pids_now()

@@ -8,9 +8,10 @@ import socket
 import time
 
 import ray
-from ray.exceptions import ActorUnavailableError, RayActorError
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 
 from distrl.config import ConfigError
+from distrl.core import RoleLost
 
 ACTOR_GONE = (RayActorError, ActorUnavailableError)  # dead, or being restarted by Ray
 
@@ -106,8 +107,8 @@ def spread_group(resources: dict[str, float], count: int, timeout_s: float, stri
     group = placement_group([dict(bundle) for _ in range(count)], strategy="SPREAD")
     if not group.wait(timeout_seconds=timeout_s):
         remove_placement_group(group)
-        raise ConfigError(f"config key 'placement.gradient_workers': {count} bundles of {bundle} could not be "
-                          f"reserved within {timeout_s:g} s (the other roles hold the resources)")
+        raise RoleLost(f"the gradient workers' {count} bundles of {bundle} could not be reserved within "
+                       f"{timeout_s:g} s (other jobs hold the resources)")
     return group
 
 
@@ -122,8 +123,19 @@ def next_to(options: dict, timeout_s: float) -> dict:
     elsewhere on a two-node cluster. A pinned actor restarts on that node only."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    node = ray.get(_node_id.options(**options).remote(), timeout=timeout_s)
+    probe = _node_id.options(**options).remote()
+    try:
+        node = ray.get(probe, timeout=timeout_s)
+    except GetTimeoutError:
+        ray.cancel(probe, force=True)
+        raise RoleLost(f"no node had room for the learner ({_asks(options)}) within {timeout_s:g} s "
+                       f"(other jobs hold the resources)") from None
     return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False)}
+
+
+def _asks(options: dict) -> str:
+    asked = {"CPU": options.get("num_cpus", 0), "GPU": options.get("num_gpus", 0), **options.get("resources", {})}
+    return ", ".join(f"{k}: {v:g}" for k, v in asked.items() if v)
 
 
 def in_bundle(group, index: int) -> dict:

@@ -12,11 +12,8 @@ import time
 import ray
 from ray.exceptions import GetTimeoutError, RayTaskError
 
+from distrl.core import RoleLost
 from distrl.runtime.ray_setup import ACTOR_GONE
-
-
-class RoleLost(RuntimeError):
-    """A role did not come back within its time: the run cannot go on."""
 
 
 class RoleWatch:

@@ -147,6 +147,39 @@ def test_gradient_worker_bundles_wait_for_a_node_still_being_freed(cluster):
         remove_placement_group(group)
 
 
+
+def test_a_run_whose_learner_cannot_start_in_time_is_one_line_and_leaves_nothing(cluster, tmp_path, capsys):
+    """Another job holds all of node a: a learner placed there does not start within
+    fault.role_timeout_s. One line, exit 1 (the input was valid), no run dir, and every actor and the
+    gradient workers' placement group the run had made are gone again (the command runs in this
+    process: a driver that exits takes its actors with it, which would hide a leak)."""
+    from distrl.cli import main
+
+    holder = _Holder.options(num_cpus=0, resources={"node_a": 4}).remote()
+    ray.get(holder.node.remote(), timeout=60)
+    run_dir = tmp_path / "run"
+    try:
+        code = main(["train", PPO, "--address", cluster.address, "--run-dir", str(run_dir),
+                     "--set", "placement.learner={node_a: 1}", "--set", "fault.role_timeout_s=3",
+                     "--set", "learner.num_gradient_workers=2", "--set", "placement.gradient_workers={worker_slot: 1}"])
+    finally:
+        ray.kill(holder)
+    err = capsys.readouterr().err
+    assert code == 1, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "could not start" in lines[0] and "learner" in lines[0], err
+    assert not run_dir.exists()
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        total, free = ray.cluster_resources(), ray.available_resources()
+        held = {k: total[k] - free.get(k, 0.0) for k in ("CPU", "head_node", "node_a", "node_b", "worker_slot")}
+        groups = [k for k in total if "_group_" in k]  # a placement group's bundles show up as resources
+        if not any(held.values()) and not groups:
+            break
+        time.sleep(0.5)
+    assert not any(held.values()) and not groups, (held, groups)
+
+
 def test_an_impossible_placement_is_one_line_and_exit_2_before_anything_starts(cluster, tmp_path):
     run_dir = tmp_path / "run"
     out = subprocess.run([sys.executable, "-m", "distrl.cli", "train", CARTPOLE, "--address", cluster.address,
