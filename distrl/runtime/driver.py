@@ -34,6 +34,7 @@ class Driver:
         self.stop_requested: str | None = None
         self.failure: str | None = None
         self.abort = False  # a second interrupt: wind down without waiting on anything
+        self.interruptible = True  # False once only summary.json is left to write: later interrupts wait for it
         self.on_policy = on_policy(cfg.algo)
         self.distributed = cfg.mode != "single"  # its gathers wait on other processes
         self.fpu = fragments_per_update(cfg)
@@ -261,10 +262,16 @@ class Driver:
         except KeyboardInterrupt:  # a second interrupt while winding down: skip the waiting
             self.abort, healthy = True, False
             self.failure = "stopped at once by a second interrupt"
-        restarts = self._attempt(lambda: self.roles.restarts(exact=healthy)) or self.roles.restarts()
-        self.c.worker_restarts = restarts.workers
-        self._log_row()
-        self._attempt(self._checkpoint, within_s=None if healthy else 5.0)  # a resumable run, whatever stopped it
+        restarts = self.roles.restarts()
+        try:
+            restarts = self._attempt(lambda: self.roles.restarts(exact=healthy)) or restarts
+            self.c.worker_restarts = restarts.workers
+            self._log_row()
+            self._attempt(self._checkpoint, within_s=None if healthy else 5.0)  # a resumable run, whatever stopped it
+            self.interruptible = False
+        except KeyboardInterrupt:  # a second interrupt during the last checkpoint: the summary still says so
+            self.interruptible = False
+            self.abort, self.failure = True, "stopped at once by a second interrupt"
         summary = self._summary(reason, restarts)
         if not self.abort:
             self._attempt(self._write_trace)

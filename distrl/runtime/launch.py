@@ -111,7 +111,9 @@ def resume_run(run_dir: str, overrides: list[str], address: str | None, validate
 def _drive(driver: Driver, roles: Roles) -> dict:
     def on_signal(signum, frame):
         if driver.stop_requested:  # the second one: stop now (Driver.run winds down without waiting)
-            raise KeyboardInterrupt
+            if driver.interruptible:
+                raise KeyboardInterrupt
+            return
         driver.stop_requested = "interrupted"  # the first: finish cleanly, checkpoint and summary written
 
     main_thread = threading.current_thread() is threading.main_thread()
