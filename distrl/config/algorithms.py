@@ -7,7 +7,19 @@ from distrl.config.fields import f
 
 
 @dataclass
-class ApexDQNConfig:
+class EpsilonGreedyConfig:
+    """How the Q-learning algorithms' workers explore: Ape-X's fixed epsilon per worker when there are
+    several, one decaying epsilon for a single worker."""
+
+    eps: float = f(0.4, "Ape-X base epsilon: worker i uses eps^(1 + eps_alpha*i/(N-1))", lo=0.0, hi=1.0)
+    eps_alpha: float = f(7.0, "Ape-X epsilon spread exponent", lo=0.0)
+    eps_start: float = f(1.0, "single-worker epsilon at the start of its decay", lo=0.0, hi=1.0)
+    eps_end: float = f(0.02, "single-worker epsilon after the decay", lo=0.0, hi=1.0)
+    eps_decay_steps: int = f(5000, "worker env steps over which a single worker's epsilon decays", lo=1)
+
+
+@dataclass
+class ApexDQNConfig(EpsilonGreedyConfig):
     hidden: list = f([64, 64], "hidden layer sizes of the Q-network torso", item_lo=1)
     dueling: bool = f(True, "dueling value/advantage head")
     double: bool = f(True, "double-DQN target (online argmax, target value)")
@@ -16,11 +28,6 @@ class ApexDQNConfig:
     lr: float = f(2e-3, "Adam learning rate", lo=0.0, lo_open=True)
     target_update_interval: int = f(100, "updates between target-network copies", lo=1)
     grad_clip: float | None = f(10.0, "max global gradient norm (null = no clipping)", lo=0.0, lo_open=True)
-    eps: float = f(0.4, "Ape-X base epsilon: worker i uses eps^(1 + eps_alpha*i/(N-1))", lo=0.0, hi=1.0)
-    eps_alpha: float = f(7.0, "Ape-X epsilon spread exponent", lo=0.0)
-    eps_start: float = f(1.0, "single-worker epsilon at the start of its decay", lo=0.0, hi=1.0)
-    eps_end: float = f(0.02, "single-worker epsilon after the decay", lo=0.0, hi=1.0)
-    eps_decay_steps: int = f(5000, "worker env steps over which a single worker's epsilon decays", lo=1)
 
 
 @dataclass
@@ -39,7 +46,7 @@ class SACConfig:
 
 
 @dataclass
-class R2D2Config:
+class R2D2Config(EpsilonGreedyConfig):
     hidden: list = f([64], "MLP torso layer sizes before the recurrent core", item_lo=1)
     core: str = f("lstm", "recurrent core: lstm | gru", choices=("lstm", "gru"))
     core_size: int = f(64, "recurrent state size", lo=1)
@@ -53,15 +60,10 @@ class R2D2Config:
     value_rescaling: bool = f(True, "targets through h(x) = sign(x)(sqrt(|x|+1) - 1) + eps x and its inverse")
     rescale_eps: float = f(1e-3, "the eps of the value rescaling h", lo=0.0)
     priority_eta: float = f(0.9, "sequence priority: eta * max|td| + (1 - eta) * mean|td|", lo=0.0, hi=1.0)
-    eps: float = f(0.4, "Ape-X base epsilon: worker i uses eps^(1 + eps_alpha*i/(N-1))", lo=0.0, hi=1.0)
-    eps_alpha: float = f(7.0, "Ape-X epsilon spread exponent", lo=0.0)
-    eps_start: float = f(1.0, "single-worker epsilon at the start of its decay", lo=0.0, hi=1.0)
-    eps_end: float = f(0.02, "single-worker epsilon after the decay", lo=0.0, hi=1.0)
-    eps_decay_steps: int = f(5000, "worker env steps over which a single worker's epsilon decays", lo=1)
 
 
 @dataclass
-class DHCConfig:
+class DHCConfig(EpsilonGreedyConfig):
     encoder: list = f([32, 32], "conv channels over a field-of-view observation (3x3 kernels; [] = one linear layer over the flattened view), or MLP sizes for flat ones", item_lo=1, min_items=0)
     core_size: int = f(64, "GRU state size per agent", lo=1)
     comm: bool = f(True, "exchange messages between agents (off: independent parameter-shared agents)")
@@ -75,10 +77,6 @@ class DHCConfig:
     target_update_interval: int = f(200, "updates between target-network copies", lo=1)
     grad_clip: float | None = f(10.0, "max global gradient norm (null = no clipping)", lo=0.0, lo_open=True)
     priority_eta: float = f(0.9, "sequence priority: eta * max|td| + (1 - eta) * mean|td| over agents and steps", lo=0.0, hi=1.0)
-    eps: float = f(0.4, "Ape-X base epsilon: worker i uses eps^(1 + eps_alpha*i/(N-1))", lo=0.0, hi=1.0)
-    eps_alpha: float = f(7.0, "Ape-X epsilon spread exponent", lo=0.0)
-    eps_start: float = f(1.0, "single-worker epsilon at the start of its decay", lo=0.0, hi=1.0)
-    eps_end: float = f(0.02, "single-worker epsilon after the decay", lo=0.0, hi=1.0)
     eps_decay_steps: int = f(20000, "worker env steps over which a single worker's epsilon decays", lo=1)
 
 
