@@ -114,6 +114,33 @@ class TargetNetworkState:
         self.updates = int(state["updates"])
 
 
+class SequenceAlgorithm(ReplayAlgorithm):
+    """A recurrent off-policy algorithm: its learner also takes the sequence layout (`cfg.sequence`)."""
+
+    def make_learner(self, device: str):
+        import torch
+
+        torch.manual_seed(self.cfg.seed)
+        return self.learner_cls(self.spec, getattr(self.cfg, self.name), self.cfg.sequence, device)
+
+
+class SequenceQLearner(TargetNetworkState):
+    """A Q-learner on time-major sequences of burn_in + length + n_step steps (R2D2, DHC): the steps
+    it unrolls without gradient, trains on, and bootstraps from. Subclasses name `build_network(spec, cfg)`."""
+
+    def __init__(self, spec, cfg, seq, device: str):
+        self.cfg, self.device = cfg, device
+        self.burn_in, self.length = int(seq.burn_in), int(seq.length)
+        self.seq_len = self.burn_in + self.length + int(cfg.n_step)
+        self.init_networks(lambda: self.build_network(spec, cfg), device)
+
+    def check_steps(self, steps: int) -> None:
+        """Refuse sequences cut for another layout (a policy and learner built from different configs)."""
+        if steps != self.seq_len:
+            raise ValueError(f"sequences of {steps} steps, the learner expects burn_in + length + "
+                             f"n_step = {self.seq_len}: the policy and learner disagree on cfg.sequence")
+
+
 def guarded_step(opt, params, loss=None, clip: float | None = None) -> float | None:
     """Backward `loss` (or use the gradients already set), clip to `clip`, step: the gradient norm.
 

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from distrl.algos.common import ReplayAlgorithm, TargetNetworkState, as_tensors, mlp, skipped
+from distrl.algos.common import SequenceAlgorithm, SequenceQLearner, as_tensors, mlp, skipped
 from distrl.algos.dhc_acting import agent_nstep_targets, agent_priorities
 from distrl.core import Batch, EnvSpec, Learner
 
@@ -150,14 +150,10 @@ def build_network(spec: EnvSpec, cfg) -> DHCNetwork:
                       cfg.core_size, cfg.comm, cfg.comm_heads, cfg.comm_rounds, cfg.dueling)
 
 
-class DHCLearner(TargetNetworkState, Learner):
+class DHCLearner(SequenceQLearner, Learner):
     """The DHC update on time-major multi-agent sequence batches (module docstring); `seq` is the SequenceConfig."""
 
-    def __init__(self, spec: EnvSpec, cfg, seq, device: str):
-        self.cfg, self.device = cfg, device
-        self.burn_in, self.length = int(seq.burn_in), int(seq.length)
-        self.seq_len = self.burn_in + self.length + int(cfg.n_step)
-        self.init_networks(lambda: build_network(spec, cfg), device)
+    build_network = staticmethod(build_network)
 
     def _unroll_both(self, t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Online Q with gradient and target Q, both (L - burn_in, B, N, A), after the burn-in."""
@@ -175,9 +171,7 @@ class DHCLearner(TargetNetworkState, Learner):
     def loss_and_td(self, t: dict[str, torch.Tensor]):
         """(loss, td (length, B, N), Q of the taken actions (length, B, N), trained pairs (length, B, N))."""
         cfg, b, n = self.cfg, self.burn_in, self.length
-        if t["obs"].shape[0] != self.seq_len:
-            raise ValueError(f"sequences of {t['obs'].shape[0]} steps, the learner expects burn_in + length + "
-                             f"n_step = {self.seq_len}: the policy and learner disagree on cfg.sequence")
+        self.check_steps(t["obs"].shape[0])
         q, q_target = self._unroll_both(t)
         active = t["active"][b:].to(q.dtype)
         q_taken = q[:n].gather(-1, t["actions"][b:b + n].long().unsqueeze(-1)).squeeze(-1)
@@ -212,7 +206,7 @@ class DHCLearner(TargetNetworkState, Learner):
         }
 
 
-class DHC(ReplayAlgorithm):
+class DHC(SequenceAlgorithm):
     name = "dhc"
     learner_cls = DHCLearner
     discrete, box = True, False
@@ -227,11 +221,6 @@ class DHC(ReplayAlgorithm):
         if not isinstance(obs, spaces.Box) or len(obs.shape) not in (1, 3):
             return f"dhc needs a Box observation of shape (C, H, W) or (D,), the env has {obs}"
         return None
-
-    def make_learner(self, device: str) -> DHCLearner:
-        # The learner needs the sequence layout (burn-in, trained length) besides its own section.
-        torch.manual_seed(self.cfg.seed)
-        return DHCLearner(self.spec, self.cfg.dhc, self.cfg.sequence, device)
 
 
 ALGORITHM = DHC

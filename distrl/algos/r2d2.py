@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from distrl.algos.common import ReplayAlgorithm, TargetNetworkState, as_tensors, mlp, skipped
+from distrl.algos.common import SequenceAlgorithm, SequenceQLearner, as_tensors, mlp, skipped
 from distrl.algos.r2d2_acting import nstep_targets, rescale, sequence_priorities, unrescale
 from distrl.core import Batch, EnvSpec, Learner
 
@@ -88,14 +88,10 @@ def _resets(first: torch.Tensor, lo: int, hi: int) -> list[int]:
     return (torch.nonzero(first[lo:hi].any(dim=1)).flatten()).tolist()
 
 
-class R2D2Learner(TargetNetworkState, Learner):
+class R2D2Learner(SequenceQLearner, Learner):
     """The R2D2 update on time-major sequence batches (see the module docstring); `seq` is the SequenceConfig."""
 
-    def __init__(self, spec: EnvSpec, cfg, seq, device: str):
-        self.cfg, self.device = cfg, device
-        self.burn_in, self.length = int(seq.burn_in), int(seq.length)
-        self.seq_len = self.burn_in + self.length + int(cfg.n_step)
-        self.init_networks(lambda: build_network(spec, cfg), device)
+    build_network = staticmethod(build_network)
 
     def _unroll_both(self, t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Online Q with gradient and target Q, both (L - burn_in, B, A), after the burn-in."""
@@ -113,9 +109,7 @@ class R2D2Learner(TargetNetworkState, Learner):
     def loss_and_td(self, t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(loss, td (length, B), Q of the taken actions (length, B)) on a batch of tensors."""
         cfg, b, n = self.cfg, self.burn_in, self.length
-        if t["obs"].shape[0] != self.seq_len:
-            raise ValueError(f"sequences of {t['obs'].shape[0]} steps, the learner expects burn_in + length + "
-                             f"n_step = {self.seq_len}: the policy and learner disagree on cfg.sequence")
+        self.check_steps(t["obs"].shape[0])
         q, q_target = self._unroll_both(t)
         actions = t["actions"][b:b + n].long().unsqueeze(-1)
         q_taken = q[:n].gather(-1, actions).squeeze(-1)
@@ -155,15 +149,10 @@ class R2D2Learner(TargetNetworkState, Learner):
         }
 
 
-class R2D2(ReplayAlgorithm):
+class R2D2(SequenceAlgorithm):
     name = "r2d2"
     learner_cls = R2D2Learner
     discrete, box = True, False
-
-    def make_learner(self, device: str) -> R2D2Learner:
-        # The learner needs the sequence layout (burn-in, trained length) besides its own section.
-        torch.manual_seed(self.cfg.seed)
-        return R2D2Learner(self.spec, self.cfg.r2d2, self.cfg.sequence, device)
 
 
 ALGORITHM = R2D2
