@@ -1,0 +1,115 @@
+"""The learner loop: when it publishes, that poisoned weights never leave it, and its state and RNG
+round trip. A real learner from a shipped config, its replay filled by a real rollout, in one process."""
+import copy
+import os
+
+import numpy as np
+import torch
+
+from distrl.config import load_config
+from distrl.registry import make_policy
+from distrl.roles.experience import ExperienceServer
+from distrl.roles.factory import build_algorithm, make_rollout
+from distrl.roles.learning import LearnerLoop, LocalIO
+
+CONFIGS = os.path.join(os.path.dirname(__file__), "..", "..", "configs")
+APEX = ["learner.batch_size=32", "learner.batches_per_call=2", "learner.publish_interval=3"]
+
+
+class RecordingIO(LocalIO):
+    """Single mode's IO, keeping every publication and counting priority writes."""
+
+    def __init__(self, experience, policy):
+        super().__init__(experience, policy)
+        self.sent: list[tuple[int, dict]] = []
+        self.priority_writes = 0
+
+    def publish(self, version, weights, *rest):
+        self.sent.append((version, weights))
+        super().publish(version, weights, *rest)
+
+    def write_priorities(self, *args):
+        self.priority_writes += 1
+        super().write_priorities(*args)
+
+    def versions(self) -> list[int]:
+        return [v for v, _ in self.sent]
+
+
+def wired(config: str, overrides: list[str], fragments: int) -> LearnerLoop:
+    """A learner loop as single mode builds it, its first weights published, `fragments` sampled into its store."""
+    cfg = load_config(os.path.join(CONFIGS, config), ["workers=1", *overrides])
+    algo = build_algorithm(cfg)
+    policy = make_policy(cfg, algo.spec, 0, 1)
+    experience = ExperienceServer(cfg)
+    loop = LearnerLoop(algo.make_learner("cpu"), cfg, RecordingIO(experience, policy))
+    loop.publish()
+    rollout = make_rollout(cfg, policy, cfg.seed, 0)
+    for _ in range(fragments):
+        frag = rollout.sample()
+        experience.add(frag.data, frag.priorities)
+    return loop
+
+
+def assert_same_weights(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+def test_a_replay_learner_publishes_every_publish_interval_and_at_the_end():
+    loop = wired("apex_dqn_cartpole.yaml", APEX, 1)
+    stats = loop.train(10)
+    # Blocks of 2 updates; publish once 3 or more updates are unpublished (after 4 and 8), and the last.
+    assert loop.io.versions() == [0, 4, 8, 10]
+    assert (stats.updates, stats.version, loop.learner.updates, loop.io.policy.version) == (10, 10, 10, 10)
+    assert loop.io.priority_writes == 5  # one per block: prioritized replay hears back every update
+    assert_same_weights(loop.io.sent[-1][1], loop.learner.get_weights())
+    first, later = loop.io.sent[1][1], loop.io.sent[-1][1]
+    assert any(not np.array_equal(first[k], later[k]) for k in first)  # snapshots, not live views
+
+
+def test_an_on_policy_learner_publishes_after_every_update_whatever_the_interval():
+    loop = wired("ppo_cartpole.yaml", ["learner.publish_interval=100"], 3)
+    stats = loop.train(5)
+    assert loop.io.versions() == [0, 1, 2, 3]  # each fragment trained on by the weights that came before it
+    assert stats.updates == 3 and stats.starved  # only 3 fragments to train on
+    assert_same_weights(loop.io.sent[-1][1], loop.learner.get_weights())
+    stats = loop.train(1)
+    assert stats.starved and stats.updates == 0 and loop.io.versions() == [0, 1, 2, 3]  # nothing new to send
+
+
+def test_weights_with_a_nan_are_never_published_nor_checkpointed():
+    loop = wired("apex_dqn_cartpole.yaml", APEX, 1)
+    loop.train(2)
+    sent = loop.io.versions()
+    with torch.no_grad():
+        next(loop.learner.q.parameters())[0, 0] = float("nan")
+    assert loop.publish() == 2 and loop.poisoned
+    assert loop.get_state() is None
+    stats = loop.train(2)
+    assert stats.poisoned and stats.version == 2 and stats.nonfinite == 2 and stats.updates == 0
+    assert loop.io.versions() == sent == [0, 2]
+    assert all(np.isfinite(w).all() for _, weights in loop.io.sent for w in weights.values())
+    assert np.isfinite(loop.io.policy.q_values(np.zeros((1, 4), np.float32))).all()
+
+
+def test_state_and_torch_rng_round_trip_and_training_continues_identically():
+    a = wired("apex_dqn_cartpole.yaml", APEX, 1)
+    a.train(4)
+    state = a.get_state()
+    weights_at_save = a.learner.get_weights()
+    store = copy.deepcopy(a.io.experience.store.state_dict())
+    draw = torch.rand(3)  # what the RNG gives next from the saved state
+    a.train(4)
+
+    b = wired("apex_dqn_cartpole.yaml", [*APEX, "seed=5"], 0)  # other initial weights, empty replay
+    assert b.set_state(state) == 4
+    assert torch.equal(torch.rand(3), draw)
+    assert b.io.versions() == [0, 4]
+    assert_same_weights(b.io.sent[-1][1], weights_at_save)
+    b.io.experience.load(store)
+    b.train(4)
+    assert b.io.versions()[-1] == 8
+    assert_same_weights(b.learner.get_weights(), a.learner.get_weights())
+    assert_same_weights(b.learner.state_dict()["target"], a.learner.state_dict()["target"])
