@@ -1,5 +1,6 @@
-"""The Ray roles' process set-up."""
+"""The Ray roles' process set-up: which processes load torch, which run on jemalloc."""
 import os
+import sys
 
 import pytest
 import ray
@@ -8,35 +9,50 @@ from distrl.config import load_config
 from distrl.runtime.ray_roles import RayRoles
 from distrl.runtime.ray_setup import heap_runtime_env
 
+CARTPOLE = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "apex_dqn_cartpole.yaml")
+
+
+@pytest.fixture(scope="module")
+def checkpointed(ray_session, tmp_path_factory):
+    """Ape-X roles in async mode that have sampled a fragment and taken a whole-run checkpoint's state
+    (every role's state, the replay written by its server): (roles, state)."""
+    run_dir = str(tmp_path_factory.mktemp("roles"))
+    cfg = load_config(CARTPOLE, ["mode=async", "workers=1", "log.tensorboard=false"])
+    roles = RayRoles(cfg, run_dir, 0.0)
+    try:
+        for _ in range(500):
+            if roles.gather(True).infos:
+                break
+        state = roles.get_state()
+        state["store"](run_dir)
+        yield roles, state
+    finally:
+        roles.close()
+
+
+def _has_torch(actor) -> bool:
+    """Whether torch is imported in the actor's process (the check runs there)."""
+    return ray.get(actor.__ray_call__.remote(lambda self: "torch" in sys.modules))
+
+
+def test_only_the_learner_imports_torch_even_after_a_checkpoint(checkpointed):
+    """Workers and the evaluator act in numpy; a worker's get_state and the replay's write take no torch."""
+    roles, state = checkpointed
+    assert state["workers"][0] is not None and state["workers"][0]["env_steps"] > 0  # the worker's get_state ran
+    assert _has_torch(roles.learner)  # the probe does see torch where it is
+    for name, actor in (("worker", roles.workers[0]), ("evaluator", roles.evaluator), ("replay", roles.replay),
+                        ("parameter server", roles.ps)):
+        assert not _has_torch(actor), name
+
 
 def _maps(pid: int, lib: str) -> bool:
     with open(f"/proc/{pid}/maps") as f:
         return lib in f.read()
 
 
-def _maps_jemalloc(pid: int) -> bool:
-    return _maps(pid, "libjemalloc")
-
-
 @pytest.mark.skipif(not heap_runtime_env(), reason="no jemalloc bundled with this Ray (or LD_PRELOAD set)")
-def test_learner_and_replay_server_run_on_jemalloc_and_only_the_learner_loads_torch_even_at_a_checkpoint(ray_session, tmp_path):
-    cfg = load_config(os.path.join(os.path.dirname(__file__), "..", "..", "configs", "apex_dqn_cartpole.yaml"),
-                      ["mode=async", "workers=1", "log.tensorboard=false"])
-    roles = RayRoles(cfg, str(tmp_path), 0.0)
-    try:
-        assert _maps_jemalloc(ray.get(roles.learner.pid.remote()))
-        assert _maps_jemalloc(roles.watch.pids["replay"])
-        assert not _maps_jemalloc(roles.worker_pids()[0])
-        # Only the learner loads torch: workers and the evaluator act in numpy, and taking a
-        # checkpoint (every role's state, the replay written by its server) loads it nowhere else.
-        for _ in range(500):
-            if roles.gather(True).infos:
-                break
-        state = roles.get_state()
-        state["store"](str(tmp_path))
-        assert state["workers"][0]["env_steps"] > 0
-        assert _maps(ray.get(roles.learner.pid.remote()), "libtorch_cpu")
-        for pid in (roles.worker_pids()[0], ray.get(roles.evaluator.pid.remote()), roles.watch.pids["replay"]):
-            assert not _maps(pid, "libtorch_cpu"), pid
-    finally:
-        roles.close()
+def test_learner_and_replay_server_run_on_jemalloc(checkpointed):
+    roles, _ = checkpointed
+    assert _maps(ray.get(roles.learner.pid.remote()), "libjemalloc")
+    assert _maps(roles.watch.pids["replay"], "libjemalloc")
+    assert not _maps(roles.worker_pids()[0], "libjemalloc")
