@@ -25,10 +25,12 @@ Meaning of the arrays after a step:
 - Episode end: when no agent is live. `terminated` if every agent that was live before the last
   step terminated, else `truncated`.
 - Communication mask, first that applies: the `comm_fn(env, active)` given; the env's own
-  `comm_mask()` method (`ParallelView` has one); with `comm_k`, each agent's k
-  nearest active agents by Euclidean distance of positions (ties: lower index), positions from
-  the env's `agent_positions()` or MPE's `env.unwrapped.world.agents[i].state.p_pos`; otherwise
-  all pairs of active agents.
+  `comm_mask()` method (`ParallelView` has one); with `comm_k` and/or `comm_radius`, each agent's
+  k nearest active agents by Euclidean distance (ties: lower index) among those within the radius
+  on every axis (a square view, as the MAPF field of view), positions from the env's
+  `agent_positions()` or MPE's `env.unwrapped.world.agents[i].state.p_pos`; otherwise all pairs
+  of active agents. `make_multiagent_env` takes `comm_k` and `comm_radius` from `env.kwargs`
+  when the env's constructor refuses them (the MAPF gridworld takes `comm_k` itself).
 - `info` at the end: `return_mean` (mean per-agent return over all possible agents) plus the
   float entries of any agent's `infos[agent]["episode"]` dict (how the MAPF view passes its
   episode metrics through).
@@ -120,19 +122,36 @@ def env_positions(env: Any) -> np.ndarray | None:
     return np.stack([by_name.get(a, np.full(dim, np.nan)) for a in env.possible_agents])
 
 
+def comm_limits_problem(env: Any, comm_k: Any, comm_radius: Any, comm_fn: Callable | None = None) -> str | None:
+    """Why `comm_k` / `comm_radius` cannot shape `env`'s communication mask, or None."""
+    if comm_k is None and comm_radius is None:
+        return None
+    if comm_k is not None and (isinstance(comm_k, bool) or not isinstance(comm_k, int) or comm_k < 0):
+        return f"comm_k must be an integer >= 0, got {comm_k!r}"
+    if comm_radius is not None and (isinstance(comm_radius, bool) or not isinstance(comm_radius, (int, float))
+                                    or not comm_radius > 0 or not np.isfinite(comm_radius)):
+        return f"comm_radius must be a finite number > 0, got {comm_radius!r}"
+    if comm_fn is not None or callable(getattr(env, "comm_mask", None)):
+        return "the env computes its own communication mask: comm_k and comm_radius do not apply"
+    if env_positions(env) is None:
+        return f"comm_k={comm_k}, comm_radius={comm_radius} need agent positions, and {env} exposes none"
+    return None
+
+
 class ParallelEnvAdapter(MultiAgentEnv):
     """A PettingZoo ParallelEnv as a `MultiAgentEnv` (rules in the module docstring)."""
 
     def __init__(self, env: Any, comm_fn: Callable[[Any, np.ndarray], np.ndarray] | None = None,
-                 comm_k: int | None = None):
+                 comm_k: int | None = None, comm_radius: float | None = None):
         self.env = env
         self.agent_ids = list(env.possible_agents)
         self.num_agents = len(self.agent_ids)
         self.comm_fn = comm_fn
-        self.comm_k = comm_k
+        self.comm_k, self.comm_radius = comm_k, comm_radius
         self._own_comm = callable(getattr(env, "comm_mask", None))
-        if comm_fn is None and not self._own_comm and comm_k is not None and env_positions(env) is None:
-            raise EnvError(f"comm_k={comm_k} needs agent positions, and {env} exposes none")
+        problem = comm_limits_problem(env, comm_k, comm_radius, comm_fn)
+        if problem:
+            raise EnvError(problem)
         self._setup_spaces()
         self._live = np.zeros(self.num_agents, bool)
         self._returns = np.zeros(self.num_agents, np.float64)
@@ -178,10 +197,10 @@ class ParallelEnvAdapter(MultiAgentEnv):
             mask = np.asarray(self.comm_fn(self.env, active), bool)
         elif self._own_comm:
             mask = np.asarray(self.env.comm_mask(), bool)
-        elif self.comm_k is not None:
+        elif self.comm_k is not None or self.comm_radius is not None:
             pos = env_positions(self.env)
             known = active & ~np.isnan(pos).any(axis=1)
-            mask = comm_mask_from_positions(np.nan_to_num(pos), known, self.comm_k)
+            mask = comm_mask_from_positions(np.nan_to_num(pos), known, self.comm_k, self.comm_radius)
         else:
             mask = np.ones((self.num_agents, self.num_agents), bool)
         mask = mask & active[:, None] & active[None, :]
@@ -319,9 +338,26 @@ def _resolve(env_id: str) -> Any:
     return obj
 
 
-def make_multiagent_env(env_id: str, kwargs: dict[str, Any] | None = None, comm_k: int | None = None) -> MultiAgentEnv:
+ADAPTER_KEYS = ("comm_k", "comm_radius")  # env.kwargs the adapter takes when the env's constructor refuses them
+
+
+def _construct(obj: Any, env_id: str, kwargs: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
+    """(obj(**kwargs), the `ADAPTER_KEYS` its constructor refused, left for the adapter)."""
+    kwargs, refused = dict(kwargs or {}), {}
+    while True:
+        try:
+            return obj(**kwargs), refused
+        except (TypeError, ValueError) as e:
+            key = next((k for k in ADAPTER_KEYS if k in kwargs and f"'{k}'" in str(e)), None)
+            if key is None or not isinstance(e, TypeError):
+                raise EnvError(f"config key 'env.kwargs': {env_id} rejected them: {e}") from None
+            refused[key] = kwargs.pop(key)
+
+
+def make_multiagent_env(env_id: str, kwargs: dict[str, Any] | None = None) -> MultiAgentEnv:
     """Build `env_id`: a `MultiAgentEnv` class, a module exposing `parallel_env(**kwargs)`, or a
-    callable returning a ParallelEnv or a MultiAgentEnv. `comm_k` is passed to the adapter."""
+    callable returning a ParallelEnv or a MultiAgentEnv. `comm_k` and `comm_radius` in `kwargs`
+    go to the env when its constructor takes them, else to the PettingZoo adapter."""
     obj = _resolve(env_id)
     if inspect.ismodule(obj):
         if not callable(getattr(obj, "parallel_env", None)):
@@ -329,16 +365,20 @@ def make_multiagent_env(env_id: str, kwargs: dict[str, Any] | None = None, comm_
         obj = obj.parallel_env
     if not callable(obj):
         raise EnvError(f"config key 'env.id': {env_id!r} is not a class, module or callable")
-    try:
-        env = obj(**(kwargs or {}))
-    except (TypeError, ValueError) as e:
-        raise EnvError(f"config key 'env.kwargs': {env_id} rejected them: {e}") from None
+    env, adapter_kwargs = _construct(obj, env_id, kwargs)
     if isinstance(env, MultiAgentEnv):
+        if adapter_kwargs:
+            env.close()
+            raise EnvError(f"config key 'env.kwargs': {env_id} takes no {', '.join(adapter_kwargs)}")
         return env
     if not _is_parallel_env(env):
         raise EnvError(f"config key 'env.id': {env_id!r} built a {type(env).__name__}, "
                        "neither a MultiAgentEnv nor a PettingZoo ParallelEnv")
+    problem = comm_limits_problem(env, adapter_kwargs.get("comm_k"), adapter_kwargs.get("comm_radius"))
+    if problem:
+        env.close()
+        raise EnvError(f"config key 'env.kwargs': {env_id}: {problem}")
     try:
-        return ParallelEnvAdapter(env, comm_k=comm_k)
+        return ParallelEnvAdapter(env, **adapter_kwargs)
     except EnvError as e:
         raise EnvError(f"config key 'env.id': {env_id}: {e}") from None

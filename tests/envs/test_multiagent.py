@@ -63,14 +63,32 @@ def test_simple_spread_shapes_rewards_and_truncation():
     env.close()
 
 
-def test_simple_spread_k_nearest_comm_mask():
-    env = ParallelEnvAdapter(simple_spread_v3.parallel_env(**SPREAD), comm_k=1)
+@pytest.mark.parametrize("through", ["adapter", "env.kwargs"])
+def test_simple_spread_k_nearest_comm_mask(through):
+    if through == "adapter":
+        env = ParallelEnvAdapter(simple_spread_v3.parallel_env(**SPREAD), comm_k=1)
+    else:  # as a config sets it: simple_spread's constructor refuses comm_k, so the adapter takes it
+        env = make_multiagent_env("mpe2:simple_spread_v3", {**SPREAD, "comm_k": 1})
     st = env.reset(seed=1)
     for _ in range(5):
         pos = np.stack([a.state.p_pos for a in env.env.unwrapped.world.agents])
         d = np.linalg.norm(pos[:, None] - pos[None], axis=-1) + np.diag([np.inf] * 3)
         assert [np.flatnonzero(r).tolist() for r in st.comm_mask] == [[int(np.argmin(r))] for r in d]
         st = env.step(np.array([1, 2, 3]))
+
+
+def test_simple_spread_comm_radius_from_env_kwargs():
+    env = make_multiagent_env("mpe2:simple_spread_v3", {**SPREAD, "comm_radius": 0.8})
+    seen = set()
+    for seed in range(4):
+        st = env.reset(seed=seed)
+        for _ in range(10):
+            pos = np.stack([a.state.p_pos for a in env.env.unwrapped.world.agents])
+            near = (np.abs(pos[:, None] - pos[None]).max(axis=-1) <= 0.8) & ~np.eye(3, dtype=bool)
+            np.testing.assert_array_equal(st.comm_mask, near)
+            seen.update(st.comm_mask[~np.eye(3, dtype=bool)].tolist())
+            st = env.step(np.array([1, 2, 3]))
+    assert seen == {True, False}  # the radius both keeps and cuts pairs: not the all-pairs default
 
 
 # --- the MAPF gridworld's ParallelEnv ---------------------------------------------------------
@@ -232,6 +250,10 @@ def test_make_multiagent_env_resolves_ids():
     ("distrl.envs.mapf:MAPF", {"bogus": 1}, "env.kwargs"),
     ("distrl.envs.mapf:MAPF", {"density": 1.5}, "env.kwargs"),
     ("mpe2:simple_spread_v3", {"N": 3, "bogus": 1}, "env.kwargs"),
+    ("mpe2:simple_spread_v3", {"N": 3, "comm_k": -1}, "env.kwargs"),
+    ("mpe2:simple_spread_v3", {"N": 3, "comm_radius": 0}, "env.kwargs"),
+    ("distrl.envs.mapf:MAPF", {"comm_radius": 2.0}, "env.kwargs"),  # MAPF's view sets its radius
+    ("distrl.envs.mapf:parallel_env", {"comm_radius": 2.0}, "env.kwargs"),  # its own mask: nothing to limit
 ])
 def test_make_multiagent_env_errors_name_the_key(env_id, kwargs, key):
     with pytest.raises(EnvError, match=f"config key '{key}'"):

@@ -1,6 +1,9 @@
 """The vector of multi-agent envs a worker steps: auto-reset with the true final observation, metrics, faults."""
+import os
+
 import numpy as np
 
+from distrl.config import load_config
 from distrl.envs.mapf import MAPF
 from distrl.envs.multiagent_vector import MultiAgentVectorEnv
 
@@ -43,3 +46,14 @@ def test_a_failing_env_ends_its_episode_and_is_counted(monkeypatch):
     _, rewards, term, trunc, _ = vec.step(np.zeros((2, 3), np.int64))
     assert vec.env_errors == 1 and vec.errored.tolist() == [False, True]
     assert trunc[1] and not term[1] and (rewards[1] == 0).all()
+
+
+def test_a_pettingzoo_envs_comm_k_comes_from_the_config():
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "dhc_simple_spread.yaml")
+    cfg = load_config(path, ["env.kwargs={N: 3, continuous_actions: false, max_cycles: 25, comm_k: 1}"])
+    vec = MultiAgentVectorEnv(cfg.env.id, 2, cfg.seed, cfg.env.kwargs)
+    for _ in range(3):
+        assert (vec.obs["comm_mask"].sum(axis=-1) == 1).all()  # one neighbour each, not all pairs
+        vec.step(np.zeros((2, 3), np.int64))
+    default = MultiAgentVectorEnv(cfg.env.id, 1, cfg.seed, {**cfg.env.kwargs, "comm_k": None})
+    assert (default.obs["comm_mask"].sum(axis=-1) == 2).all()
