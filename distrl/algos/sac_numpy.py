@@ -1,8 +1,8 @@
 """SAC's update by hand in numpy: the CPU learner's path (`SACLearner` with `use_numpy`).
 
-At SAC's sizes on a CPU, autograd's per-op overhead, not arithmetic, is the
-cost, so this forward and backward written out in numpy is faster (figures:
-bench/RESULTS.md, hot paths). What it assumes, exactly as `distrl.algos.sac` builds it:
+Written out in numpy, this forward and backward costs the same as the autograd
+update at the shipped size on a CPU, not less (bench/RESULTS.md, hot paths).
+What it assumes, exactly as `distrl.algos.sac` builds it:
 
 - Actor: a ReLU MLP torso (`mlp`, nn.Linear layers) and one Linear head whose
   output is [mean, raw]; log_std = `log_std_from_tanh(tanh(raw))`.
