@@ -316,6 +316,7 @@ class Restarts:
     parameter_server: int = 0
     workers_lost: int = 0  # workers unreachable for longer than fault.worker_timeout_s
     inference: int = 0     # the inference server (rollout.inference: central)
+    replay_refilled: int = 0  # items restarted replay servers got back from the newest checkpoint
 
 
 RunState = dict[str, Any]
@@ -327,6 +328,10 @@ StoreWriter = Callable[[str], Any]
 
 class RoleLost(RuntimeError):
     """A role did not come back (or start) within its time: the run cannot go on."""
+
+
+class RoleRestarted(RuntimeError):
+    """A role died during a call and is back as a new process: that call's result is lost; try again."""
 
 
 class Roles(abc.ABC):
@@ -367,7 +372,7 @@ class Roles(abc.ABC):
 
     @abc.abstractmethod
     def get_state(self) -> RunState:
-        """Everything a checkpoint needs from the roles."""
+        """Everything a checkpoint needs from the roles (`RoleRestarted`: a role died meanwhile)."""
 
     @abc.abstractmethod
     def set_state(self, state: RunState) -> None:

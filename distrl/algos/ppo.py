@@ -60,7 +60,7 @@ class PPOLearner(ActorCriticLearner):
             logp, _, values = self.net.evaluate(t["obs"], t["actions"])
             values, next_values = values.view(shape), bootstrap_values(self.net, t)
         lag = self.updates - t["version"].double() if "version" in t else torch.zeros(shape)
-        if (lag > 0).any():
+        if (lag != 0).any():  # data from other weights than these (older, or lost with a restored learner)
             vs, _ = vtrace(t["logp"], logp.view(shape), t["rewards"], values, next_values,
                            t["terminated"], t["truncated"], c.gamma, c.rho_bar, c.c_bar, c.gae_lambda)
             return vs - values, vs, values, lag.mean().item()

@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-from distrl.checkpoint import save_json, save_weights
+from distrl.checkpoint import CheckpointError, load_weights, save_json, save_weights
 from distrl.core import Policy, Weights
 from distrl.registry import multi_agent
 from distrl.observe.trace import tracer
@@ -64,24 +64,41 @@ def rank(result: dict) -> tuple:
     return (float(success), float(result["return_mean"]))
 
 
-def _saved_rank(run_dir: str) -> tuple:
-    """The rank of the run's best checkpoint so far (lowest if none or unreadable)."""
+BEST_WEIGHTS, BEST_RESULT = "best.safetensors", "best.json"  # under RUN_DIR/checkpoints/
+
+
+def saved_rank(run_dir: str) -> tuple:
+    """The rank of the run's best checkpoint so far: from best.json, else from the result stored with
+    the weights (a kill between the two writes); lowest if there is none."""
+    ckpt = os.path.join(run_dir, "checkpoints")
     try:
-        with open(os.path.join(run_dir, "checkpoints", "best.json")) as fh:
+        with open(os.path.join(ckpt, BEST_RESULT)) as fh:
             key = rank(json.load(fh))
     except (OSError, ValueError, KeyError, TypeError):
-        return LOWEST
+        try:
+            key = rank(load_weights(os.path.join(ckpt, BEST_WEIGHTS))[1])
+        except (CheckpointError, KeyError, TypeError, ValueError):
+            return LOWEST
     return LOWEST if np.isnan(key).any() else key
 
 
-class Evaluation:
-    """Scores published weights; keeps the best (by `rank`) as `checkpoints/best.safetensors`."""
+def save_best(run_dir: str, weights: Weights, result: dict) -> None:
+    """The best weights so far, with their result inside and beside them (best.json is what users read)."""
+    ckpt = os.path.join(run_dir, "checkpoints")
+    os.makedirs(ckpt, exist_ok=True)
+    save_weights(os.path.join(ckpt, BEST_WEIGHTS), weights, result)
+    save_json(os.path.join(ckpt, BEST_RESULT), result)
 
-    def __init__(self, policy: Policy, cfg, run_dir: str, start_time: float, evaluations: int = 0):
-        self.policy, self.cfg, self.run_dir = policy, cfg, run_dir
+
+class Evaluation:
+    """Scores published weights. A result that beats `best` (by `rank`) carries its weights under
+    "weights", for the driver to keep as the run's best checkpoint: the evaluator writes no file, so it
+    may run on any node."""
+
+    def __init__(self, policy: Policy, cfg, start_time: float, evaluations: int = 0, best: tuple = LOWEST):
+        self.policy, self.cfg = policy, cfg
         self.start_time = start_time
-        # The best checkpoint only improves: a resumed run or a restarted evaluator starts from it.
-        self.best = _saved_rank(run_dir)
+        self.best = tuple(best)  # the run's best when this process started; the driver keeps the true one
         self.evaluations = evaluations  # evaluation i plays seeds derived from i
 
     def evaluate(self, weights: Weights, version: int, env_steps: int = 0) -> dict:
@@ -102,9 +119,7 @@ class Evaluation:
                   "time_s": now - self.start_time, "metrics": metrics, "solved": self._solved(mean, metrics)}
         if rank(result) > self.best:
             self.best = rank(result)
-            ckpt = os.path.join(self.run_dir, "checkpoints")
-            save_weights(os.path.join(ckpt, "best.safetensors"), weights, result)
-            save_json(os.path.join(ckpt, "best.json"), result)
+            result["weights"] = weights
         return result
 
 
@@ -116,6 +131,6 @@ class Evaluation:
         return bool(set_) and all(v is not None and v >= t for t, v in set_)
 
 
-def make_evaluation(cfg, run_dir: str, start_time: float, resume: dict | None = None) -> Evaluation:
-    """The evaluator's job with its greedy policy; `resume` carries on a run's evaluations and best."""
-    return Evaluation(acting_policy(cfg, -1, 1), cfg, run_dir, start_time, **(resume or {}))
+def make_evaluation(cfg, start_time: float, resume: dict | None = None) -> Evaluation:
+    """The evaluator's job with its greedy policy; `resume` carries on a run's evaluations and best rank."""
+    return Evaluation(acting_policy(cfg, -1, 1), cfg, start_time, **(resume or {}))

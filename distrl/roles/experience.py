@@ -49,18 +49,17 @@ class ExperienceServer:
     def load(self, state: dict) -> None:
         self.store.load_state_dict(state)
 
-    def refill(self, run_dir: str) -> bool:
-        """Reload the newest checkpoint's store (after a crash restarted us empty); False if none."""
-        from distrl.checkpoint.run import load_latest
 
-        try:
-            _, state = load_latest(run_dir)
-        except CheckpointError:
-            return False  # nothing saved yet: the workers refill the store
-        if state["store"] is None:
-            return False
-        self.load(state["store"])
-        return True
+def newest_store(run_dir: str) -> dict | None:
+    """The store of the run's newest verified checkpoint; None when there is none yet or it left the store
+    out (the workers then refill it)."""
+    from distrl.checkpoint.run import load_latest
+
+    try:
+        _, state = load_latest(run_dir)
+    except CheckpointError:
+        return None
+    return state["store"]
 
 
 def write_store(directory: str, state: dict | None) -> tuple[dict | None, dict]:

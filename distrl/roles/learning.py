@@ -72,8 +72,9 @@ class LearnerIO(abc.ABC):
         """New priorities for replayed items."""
 
     @abc.abstractmethod
-    def publish(self, version: int, weights: Weights) -> None:
-        """Make `weights` the newest for workers and the evaluator."""
+    def publish(self, version: int, weights: Weights, restored: bool = False) -> None:
+        """Make `weights` the newest for workers and the evaluator; `restored`: even if `version` is
+        lower than one published before (the learner went back to a checkpoint)."""
 
     def flush(self) -> None:
         """Wait until every priority write and publication has landed."""
@@ -94,7 +95,7 @@ class LearnerLoop:
         self.version = -1
         self.poisoned = False
 
-    def publish(self) -> int:
+    def publish(self, restored: bool = False) -> int:
         """Send the newest weights out, unless one of them is NaN or inf (then `poisoned`, and nothing is sent)."""
         weights = self.learner.get_weights()
         if not all_finite(weights):
@@ -102,7 +103,7 @@ class LearnerLoop:
             return self.version
         with tracer().span("publish", "transfer", version=self.learner.updates):
             self.version = self.learner.updates
-            self.io.publish(self.version, weights)
+            self.io.publish(self.version, weights, restored)
             tracer().flow_out("weights", self.version)
         return self.version
 
@@ -148,12 +149,13 @@ class LearnerLoop:
         return {"state": self.learner.state_dict(), "torch_rng": torch.get_rng_state(), "version": self.version}
 
     def set_state(self, state: dict[str, Any]) -> int:
-        """Restore the learner and its RNG, then publish its weights (they are the newest now)."""
+        """Restore the learner and its RNG, then publish its weights: they replace whatever was published,
+        even weights of a later version that died with a previous learner process."""
         import torch
 
         self.learner.load_state_dict(state["state"])
         torch.set_rng_state(state["torch_rng"])
-        version = self.publish()
+        version = self.publish(restored=True)
         self.io.flush()
         return version
 
@@ -163,6 +165,7 @@ class LocalIO(LearnerIO):
 
     def __init__(self, experience, policy):
         self.experience, self.policy = experience, policy
+        self.published: tuple[Weights | None, int] = (None, -1)  # the newest weights sent out, and their version
 
     def request(self, max_updates: int):
         return max_updates  # sampled on receive: nothing to overlap with in one process
@@ -173,5 +176,6 @@ class LocalIO(LearnerIO):
     def write_priorities(self, indices, priorities, generations) -> None:
         self.experience.update_priorities(indices, priorities, generations)
 
-    def publish(self, version: int, weights: Weights) -> None:
+    def publish(self, version: int, weights: Weights, restored: bool = False) -> None:
         self.policy.set_weights(weights, version)
+        self.published = (weights, version)

@@ -47,14 +47,16 @@ class ParameterServer(Traced):
         self.version = -1
         self.ref = None  # [ObjectRef]: wrapped in a list so Ray passes the ref, not the value
 
-    def push(self, version: int, ref_box: list) -> None:
-        if version > self.version:
+    def push(self, version: int, ref_box: list, restored: bool = False) -> None:
+        """Newer weights replace older ones; a restored learner's replace them whatever their version
+        (it went back to a checkpoint: the updates after it are gone, and so are their weights)."""
+        if version > self.version or restored:
             with tracer().span("push", "transfer", version=version):
                 self.version, self.ref = version, ref_box
 
-    def pull_if_newer(self, version: int):
-        """(version, [ref]) when newer than `version`, else None."""
-        if self.version > version:
+    def pull_if_changed(self, version: int):
+        """(version, [ref]) when the weights held are not those of `version`, else None."""
+        if self.version >= 0 and self.version != version:
             return self.version, self.ref
         return None
 
@@ -66,7 +68,7 @@ class ParameterServer(Traced):
 class ReplayServer(Traced):
     """Hosts the run's `ExperienceServer`: replay, or the on-policy trajectory FIFO."""
 
-    def __init__(self, cfg_dict: dict, run_dir: str):
+    def __init__(self, cfg_dict: dict):
         from distrl.roles.experience import ExperienceServer
 
         cfg = from_dict(cfg_dict)
@@ -76,16 +78,35 @@ class ReplayServer(Traced):
         with warnings.catch_warnings():  # Ray's own property trips its deprecated actor_id
             warnings.simplefilter("ignore")
             reconstructed = ray.get_runtime_context().was_current_actor_reconstructed
-        if reconstructed:  # Ray restarted us empty after a crash
-            self.experience.refill(run_dir)
+        # Ray restarted us empty after a crash: until the driver's `refill`, fragments wait here and the
+        # learner gets nothing (a block from a store about to be replaced would be lost with it).
+        self.held: list | None = [] if reconstructed else None
 
     def add(self, payload) -> None:
+        if self.held is not None:
+            self.held.append(payload)
+            return
         data, priorities, fragment_id = payload
         self.experience.add(data, priorities, fragment_id)
         self.trimmer.maybe_trim()
 
     def next_block(self, max_updates: int):
-        return self.experience.next_block(max_updates)
+        return None if self.held is not None else self.experience.next_block(max_updates)
+
+    def refill(self, run_dir: str | None, store: dict | None) -> int:
+        """After a restart: the newest checkpoint's store (read from `run_dir` when it is on this node's disk,
+        else `store` as the driver sent it), then the fragments that arrived meanwhile; the items restored."""
+        from distrl.roles.experience import newest_store
+
+        if run_dir is not None:
+            store = newest_store(run_dir)
+        if store is not None:
+            self.experience.load(store)
+        restored = len(self.experience)
+        held, self.held = self.held or [], None
+        for payload in held:
+            self.add(payload)
+        return restored
 
     def update_priorities(self, indices, priorities, generations) -> None:
         self.experience.update_priorities(indices, priorities, generations)
@@ -140,7 +161,7 @@ class RolloutWorker(Traced):
         server that is down (being restarted) costs this call its pull, not the worker its fragment."""
         t0 = time.perf_counter()
         if self.pending is None:
-            self.pending = self.ps.pull_if_newer.remote(self.policy.version)
+            self.pending = self.ps.pull_if_changed.remote(self.policy.version)
         if not blocking:
             ready, _ = ray.wait([self.pending], timeout=0)
             if not ready:
@@ -159,7 +180,7 @@ class RolloutWorker(Traced):
                 except (*ACTOR_GONE, RayTaskError, ray.exceptions.ObjectLostError):
                     pass  # the weights went with a dead parameter server: the next pull gets newer ones
         if not blocking:
-            self.pending = self.ps.pull_if_newer.remote(self.policy.version)
+            self.pending = self.ps.pull_if_changed.remote(self.policy.version)
         self.pull_s += time.perf_counter() - t0
 
     @ray.method(num_returns=2)
@@ -234,8 +255,8 @@ class RayIO(LearnerIO):
     def write_priorities(self, indices, priorities, generations) -> None:
         self.outstanding.append(self.replay.update_priorities.remote(indices, priorities, generations))
 
-    def publish(self, version: int, weights: Weights) -> None:
-        self.outstanding.append(self.ps.push.remote(version, [ray.put(weights)]))
+    def publish(self, version: int, weights: Weights, restored: bool = False) -> None:
+        self.outstanding.append(self.ps.push.remote(version, [ray.put(weights)], restored))
 
     def flush(self) -> None:
         """Wait for the priority writes and pushes; one lost to a dead replay or parameter server is
@@ -289,14 +310,14 @@ class Learner(Traced):
 
 @ray.remote(num_cpus=0, enable_task_events=False)
 class Evaluator(Traced):
-    """Plays greedy episodes with the newest published weights; keeps the best checkpoint."""
+    """Plays greedy episodes with the newest published weights; a new best comes back with its weights."""
 
-    def __init__(self, cfg_dict: dict, ps, run_dir: str, start_time: float, resume: dict | None = None):
+    def __init__(self, cfg_dict: dict, ps, start_time: float, resume: dict | None = None):
         from distrl.roles.evaluation import make_evaluation
 
         cfg = from_dict(cfg_dict)
         start_tracing(trace_settings(cfg), "evaluator")
-        self.evaluation = make_evaluation(cfg, run_dir, start_time, resume)
+        self.evaluation = make_evaluation(cfg, start_time, resume)
         self.ps = ps
         self.version = -1
         self.weights = None
@@ -304,7 +325,7 @@ class Evaluator(Traced):
     def evaluate(self, env_steps: int) -> tuple[int, dict | None]:
         """(this process's id, the result): a new id tells the driver the actor was restarted."""
         try:
-            got = ray.get(self.ps.pull_if_newer.remote(self.version))
+            got = ray.get(self.ps.pull_if_changed.remote(self.version))
         except (*ACTOR_GONE, RayTaskError):
             got = None  # the parameter server is being restarted: score the weights held
         if got is not None:

@@ -4,23 +4,33 @@ from __future__ import annotations
 import os
 import threading
 import time
+import traceback
 from contextlib import nullcontext
 
 import numpy as np
 
 from distrl.checkpoint import save_json
 from distrl.config import Config
-from distrl.core import NONFINITE, Gathered, RoleLost, Roles, TrainStats, add_to_sums
+from distrl.core import NONFINITE, Gathered, RoleLost, RoleRestarted, Roles, TrainStats, add_to_sums
 from distrl.observe import MetricsLogger
 from distrl.observe.trace import tracer, write_trace
 from distrl.registry import on_policy
 from distrl.replay.store import fragments_per_update, make_rate_limiter
+from distrl.roles.evaluation import rank, save_best, saved_rank
 from distrl.runtime.counters import Counters
 from distrl.runtime.snapshot import save_checkpoint
 
 
+FAILURE_LOG = "failure.log"  # the traceback of a fault that ended a run, for a bug report
+
+
 def _mean(xs) -> float | None:
     return float(np.mean(xs)) if len(xs) else None
+
+
+def one_line(e: BaseException) -> str:
+    """An exception as one short line: its first line, or its type when it has no message."""
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
 
 
 class Driver:
@@ -45,6 +55,7 @@ class Driver:
         self.held = {"workers": False, "learner": False}  # which side the last loop pass held back
         self.blocked_at_log = (self.c.workers_blocked_s, self.c.learner_blocked_s)
         self.last_tick = time.time()
+        self.best_rank = saved_rank(run_dir)
 
     # --- budget: the rate limiter (replay) or one update per batch of fragments (on-policy) ---
     def update_budget(self, exact: bool = False) -> int:
@@ -85,20 +96,28 @@ class Driver:
         except KeyboardInterrupt:  # a second Ctrl-C or SIGTERM: end now
             self.failure, reason = "stopped at once by a second interrupt", "interrupted"
             self.abort = True
+        except Exception as e:  # noqa: BLE001 - a fault no recovery covers: still a checkpoint and a summary
+            self.failure, reason = f"stopped: {one_line(e)} (traceback in {FAILURE_LOG})", "error"
+            with open(os.path.join(self.run_dir, FAILURE_LOG), "w") as fh:
+                traceback.print_exc(file=fh)
         return self._finish(reason)
 
     def _loop(self, tr) -> str:
-        reason = None
+        reason, held = None, None  # held: the open `learner_held` span while the rate limiter holds the learner
         while reason is None:
             allowed = self.sampling_allowed()
             with tr.span("gather" if allowed else "backpressure", "wait") if self.distributed else nullcontext():
                 self._count_fragments(self.roles.gather(allowed))
             budget = self.update_budget()
+            if budget > 0 and held is not None:  # released: the span ends before the updates it allows
+                tr.end(held)
+                held = None
             for stats in self.roles.train(budget):
                 self._count_training(stats)
             learner_held = budget <= 0 and self.roles.updates_in_flight() == 0
-            if learner_held and not self.on_policy:
-                tr.instant("rate_limited", "wait")
+            if learner_held and not self.on_policy and held is None:
+                # Its own track: the hold outlasts the gathers and logs the driver thread does meanwhile.
+                held = tr.begin("learner_held", "wait", track="rate limiter")
             self._tick(workers_held=not allowed, learner_held=learner_held)
             self._evaluate()
             reason = self._stop_reason()
@@ -107,6 +126,7 @@ class Driver:
                     self._log_row()
             if not reason and time.time() - self.last_checkpoint >= self.cfg.checkpoint.interval_s:
                 self._checkpoint()
+        tr.end(held)
         return reason
 
     def _count_fragments(self, gathered: Gathered) -> None:
@@ -161,6 +181,7 @@ class Driver:
 
     def _evaluate(self, block: bool = False) -> None:
         for result in self.roles.poll_eval(block=block, timeout=60.0):
+            self._keep_if_best(result)
             self.c.eval_last = result
             self.c.evaluations += 1
             self.c.best_eval = max(self.c.best_eval, result["return_mean"])
@@ -178,6 +199,14 @@ class Driver:
         if self.c.updates > 0 and now - self.last_eval_submit >= self.cfg.eval.interval_s:
             if self.roles.submit_eval(self.c.env_steps):
                 self.last_eval_submit = now
+
+    def _keep_if_best(self, result: dict) -> None:
+        """The run's best checkpoint, written here only: it only improves, whichever evaluator process
+        scored it and on whichever node."""
+        weights = result.pop("weights", None)
+        if weights is not None and rank(result) > self.best_rank:
+            self.best_rank = rank(result)
+            save_best(self.run_dir, weights, result)
 
     def _stop_reason(self) -> str | None:
         fault = self.cfg.fault
@@ -251,7 +280,7 @@ class Driver:
         After a fault each step is attempted and may fail on its own; after a second interrupt only
         what takes no waiting is done, and the checkpoint only if it is written within seconds.
         """
-        healthy = reason not in ("role_failure",) and not self.abort
+        healthy = reason not in ("role_failure", "error") and not self.abort
         try:
             if healthy:
                 if reason == "max_env_steps":
@@ -267,7 +296,8 @@ class Driver:
             restarts = self._attempt(lambda: self.roles.restarts(exact=healthy)) or restarts
             self.c.worker_restarts = restarts.workers
             self._log_row()
-            self._attempt(self._checkpoint, within_s=None if healthy else 5.0)  # a resumable run, whatever stopped it
+            # A resumable run, whatever stopped it; after a fault within a bound, after a second interrupt at once.
+            self._attempt(lambda: self._checkpoint(attempts=2), within_s=5.0 if self.abort else None if healthy else 30.0)
             self.interruptible = False
         except KeyboardInterrupt:  # a second interrupt during the last checkpoint: the summary still says so
             self.interruptible = False
@@ -294,13 +324,18 @@ class Driver:
         try:
             return step()
         except Exception as e:  # noqa: BLE001 - a fault mid-way through the wind-down
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-            self.failure = self.failure or f"stopped: {first}"
+            self.failure = self.failure or f"stopped: {one_line(e)}"
             return None
 
-    def _checkpoint(self) -> None:
-        with tracer().span("checkpoint", "checkpoint"):
-            took = save_checkpoint(self)
+    def _checkpoint(self, attempts: int = 1) -> None:
+        for attempt in range(attempts):
+            try:
+                with tracer().span("checkpoint", "checkpoint"):
+                    took = save_checkpoint(self)
+                break
+            except RoleRestarted:  # a role died while its state was taken: it is back, so try again
+                if attempt == attempts - 1:
+                    return  # at the next pass
         if took is None:
             self.c.poisoned = True  # the run stops at the next pass; the newest checkpoint is the last good one
         else:
@@ -344,6 +379,7 @@ class Driver:
             "gradients_dropped": c.dropped, "nonfinite_updates": c.nonfinite_updates, "worker_restarts": restarts.workers,
             "fragments_dropped": c.fragments_dropped, "env_errors": c.env_errors,
             "evaluator_restarts": restarts.evaluator, "replay_restarts": restarts.replay,
+            "replay_refilled_items": restarts.replay_refilled,
             "learner_restarts": restarts.learner, "parameter_server_restarts": restarts.parameter_server,
             "inference_restarts": restarts.inference, "workers_lost": restarts.workers_lost, "updates_lost": c.updates_lost,
             "failure": self.failure,

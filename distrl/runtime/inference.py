@@ -47,7 +47,7 @@ class InferenceServer(Traced):
     async def _pull(self) -> None:
         """A parameter server that is down (being restarted) costs this pull, not the workers' steps."""
         try:
-            got = await self.ps.pull_if_newer.remote(self.policy.version)
+            got = await self.ps.pull_if_changed.remote(self.policy.version)
             if got is None:
                 return
             version, (ref,) = got

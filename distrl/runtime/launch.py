@@ -13,6 +13,7 @@ from distrl.checkpoint.run import load_latest, restore_global_rng
 from distrl.config import Config, ConfigError, apply_overrides, dump_yaml, from_dict, to_dict
 from distrl.observe.repair import repair_logs
 from distrl.core import Roles
+from distrl.roles.evaluation import saved_rank
 from distrl.runtime.counters import Counters, counters_from_meta
 from distrl.runtime.driver import Driver
 
@@ -22,7 +23,7 @@ def make_roles(cfg: Config, run_dir: str, start_time: float, address: str | None
     if cfg.mode == "single":
         from distrl.runtime.local import LocalRoles
 
-        return LocalRoles(cfg, run_dir, start_time, eval_resume)
+        return LocalRoles(cfg, start_time, eval_resume)
     from distrl.runtime.ray_roles import RayRoles
 
     return RayRoles(cfg, run_dir, start_time, address, eval_resume)
@@ -90,7 +91,8 @@ def resume_run(run_dir: str, overrides: list[str], address: str | None, validate
         validate(cfg)
         counters: Counters = counters_from_meta(state["meta"]["counters"])
         start = time.time() - state["meta"]["wall_s"]
-        roles = make_roles(cfg, run_dir, start, address, {"evaluations": counters.evaluations})
+        roles = make_roles(cfg, run_dir, start, address,
+                           {"evaluations": counters.evaluations, "best": saved_rank(run_dir)})
         try:
             roles.set_state(state)
         except Exception as e:  # noqa: BLE001 - whatever the roles raise, the user changed what they restore

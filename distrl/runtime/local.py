@@ -22,13 +22,12 @@ from distrl.registry import make_policy
 from distrl.threads import one_compute_thread
 
 
-def evaluator_main(cfg_dict: dict, run_dir: str, start_time: float, inbox, outbox,
-                   resume: dict | None = None) -> None:
+def evaluator_main(cfg_dict: dict, start_time: float, inbox, outbox, resume: dict | None = None) -> None:
     """Evaluator process: score each (weights, version, env_steps) it receives."""
     parent = os.getppid()
     cfg = from_dict(cfg_dict)
     configure("evaluator", None, *trace_settings(cfg))
-    evaluation = make_evaluation(cfg, run_dir, start_time, resume)
+    evaluation = make_evaluation(cfg, start_time, resume)
     outbox.put("ready")
     while True:
         try:
@@ -49,11 +48,11 @@ def evaluator_main(cfg_dict: dict, run_dir: str, start_time: float, inbox, outbo
 class LocalEvaluator:
     """Driver-side handle on the evaluator process: submit weights, poll results."""
 
-    def __init__(self, cfg: Config, run_dir: str, start_time: float, resume: dict | None = None):
+    def __init__(self, cfg: Config, start_time: float, resume: dict | None = None):
         ctx = mp.get_context("spawn")
         self.inbox, self.outbox = ctx.Queue(), ctx.Queue()
         self.proc = ctx.Process(target=evaluator_main, name="Evaluator", daemon=True,
-                                args=(to_dict(cfg), run_dir, start_time, self.inbox, self.outbox, resume))
+                                args=(to_dict(cfg), start_time, self.inbox, self.outbox, resume))
         self.proc.start()
         self.ready = False
         self.busy = False
@@ -103,11 +102,11 @@ class LocalEvaluator:
 class LocalRoles(Roles):
     """Every role in this process except the evaluator."""
 
-    def __init__(self, cfg: Config, run_dir: str, start_time: float, eval_resume: dict | None = None):
+    def __init__(self, cfg: Config, start_time: float, eval_resume: dict | None = None):
         one_compute_thread(load_torch=True)
         configure("main", None, *trace_settings(cfg))
         self.cfg = cfg
-        self.evaluator = LocalEvaluator(cfg, run_dir, start_time, eval_resume)  # first: overlaps its start-up
+        self.evaluator = LocalEvaluator(cfg, start_time, eval_resume)  # first: overlaps its start-up
         algo = build_algorithm(cfg)
         learner = algo.make_learner(resolve_device(cfg.device))
         self.policy = make_policy(cfg, algo.spec, 0, 1)
@@ -144,14 +143,16 @@ class LocalRoles(Roles):
     def train(self, budget: int, final: bool = False) -> list[TrainStats]:
         if budget <= 0:
             return []
-        stats = self.loop.train(budget)
+        # Capped as a Ray learner call is, so the driver regains control often enough to log, evaluate and stop.
+        stats = self.loop.train(min(budget, 4 * self.cfg.learner.batches_per_call))
         self.timings["learner_s"] += stats.learner_s + stats.wait_s
         return [stats]
 
     def submit_eval(self, env_steps: int, wait: bool = False) -> bool:
         if not self.evaluator.idle(wait):
             return False
-        self.evaluator.submit(self.loop.learner.get_weights(), self.loop.learner.updates, env_steps)
+        weights, version = self.loop.io.published  # as a worker acts with them: never non-finite
+        self.evaluator.submit(weights, version, env_steps)
         return True
 
     def poll_eval(self, block: bool = False, timeout: float | None = None) -> list[dict]:

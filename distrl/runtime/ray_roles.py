@@ -12,9 +12,9 @@ from ray.exceptions import GetTimeoutError, RayTaskError
 from ray.util.placement_group import remove_placement_group
 
 from distrl.config import Config, to_dict
-from distrl.core import Gathered, Restarts, RoleLost, Roles, RunState, TrainStats
+from distrl.core import Gathered, Restarts, RoleLost, RoleRestarted, Roles, RunState, TrainStats
 from distrl.observe.trace import configure, tracer
-from distrl.roles.experience import write_store
+from distrl.roles.experience import newest_store, write_store
 from distrl.roles.factory import resolve_device, trace_settings
 from distrl.runtime.actors import Evaluator, GradientWorker, Learner, ParameterServer, ReplayServer, RolloutWorker
 from distrl.runtime.inference import InferenceServer
@@ -34,6 +34,7 @@ class RayRoles(Roles):
         self.cfg, self.run_dir = cfg, run_dir
         self.group, self.pool, self.gradient_workers, self.inference = None, None, [], []
         self.learner = self.evaluator = self.replay = self.ps = None
+        self.replay_refilled = 0  # items restarted replay servers got back from checkpoints
         try:
             self._start(cfg, run_dir, start_time, address, eval_resume)
         except BaseException:  # nothing of a run that failed to start stays on the cluster
@@ -59,15 +60,14 @@ class RayRoles(Roles):
         # On a cluster an unplaced replay server goes to the learner's node: batches that cross nodes cost
         # the learner ~5x its updates/s (bench/RESULTS.md, paper model).
         near = next_to(place["learner"], f.role_timeout_s) if address and not cfg.placement.replay else {}
-        self.replay = ReplayServer.options(**role, **place["replay"], **near, runtime_env=heap_env).remote(d, run_dir)
+        self.replay = ReplayServer.options(**role, **place["replay"], **near, runtime_env=heap_env).remote(d)
         self.gradient_workers = [
             GradientWorker.options(**place["gradient_workers"], **in_bundle(self.group, i),
                                    max_restarts=f.max_role_restarts, max_task_retries=3).remote(d, i)
             for i in range(grads)]
         self.learner = Learner.options(**role, **place["learner"], **near, runtime_env=heap_env).remote(
             d, self.ps, self.replay, device, self.gradient_workers)
-        self.evaluator = Evaluator.options(**role, **place["evaluator"]).remote(d, self.ps, run_dir, start_time,
-                                                                                eval_resume)
+        self.evaluator = Evaluator.options(**role, **place["evaluator"]).remote(d, self.ps, start_time, eval_resume)
         # Its calls are retried on a restarted server, which pulls the weights again before it answers.
         self.inference = [InferenceServer.options(**place["inference"], max_restarts=f.max_role_restarts,
                                                   max_task_retries=-1).remote(d, self.ps, cfg.workers)
@@ -78,7 +78,8 @@ class RayRoles(Roles):
         # one option per actor that Ray applies again on a restart, while a group reserves every bundle up
         # front, has to be re-placed after a node loss, and must be removed at the end.
         self.watch = RoleWatch({"learner": self.learner, "replay": self.replay, "parameter_server": self.ps,
-                                "evaluator": self.evaluator, **{"inference": s for s in self.inference}})
+                                "evaluator": self.evaluator, **{"inference": s for s in self.inference}},
+                               f.role_timeout_s)
         if address:  # the roles hold their CPUs before workers ask: a worker on the learner's node could take them
             self._wait_for_roles()
         spread = {"scheduling_strategy": "SPREAD"} if cfg.placement.workers_strategy == "spread" else {}
@@ -107,7 +108,10 @@ class RayRoles(Roles):
         pairs, failed, ready, late = self.pool.gather(allow_sampling)
         adds = [self.replay.add.remote(data_ref) for _, data_ref in pairs]
         if self.pool.gatherer.waits_for_learner and adds:
-            self._get(adds)  # the learner must see this data before it trains
+            try:
+                self._get(adds)  # the learner must see this data before it trains
+            except RoleRestarted:  # the replay server died under these adds: their fragments are lost
+                pairs, failed = [], failed + len(pairs)
         infos = [info for info, _ in pairs]
         for info in infos:
             for k, v in info.timings.items():
@@ -117,11 +121,35 @@ class RayRoles(Roles):
         return Gathered(infos, ready=ready, late=late, failed=failed)
 
     def _get(self, refs):
-        """ray.get with the fault timeout, so a wait never hangs a run."""
+        """ray.get with the fault timeout, so a wait never hangs a run. A role that died under the call is
+        waited for and put back in the run, and the call raises `RoleRestarted` (its result is lost)."""
         try:
             return ray.get(refs, timeout=self.cfg.fault.role_timeout_s)
         except GetTimeoutError:
             raise RoleLost(f"a call took longer than fault.role_timeout_s={self.cfg.fault.role_timeout_s:.0f} s") from None
+        except (*ACTOR_GONE, RayTaskError) as e:
+            name = self._died(e)
+            if name is None:  # not a death: a fault of the code the call ran
+                raise
+            self._bring_back(name)
+            raise RoleRestarted(f"the {name.replace('_', ' ')} died during a call") from None
+
+    def _died(self, err: Exception) -> str | None:
+        """The role whose death `err` reports, "unknown" if Ray does not say which, None if not a death.
+        A call that failed because another actor died under it is an instance of that death too."""
+        if not isinstance(err, ACTOR_GONE):
+            return None
+        ids = {actor._actor_id.hex(): name for name, actor in self.watch.actors.items()}
+        ids.update({w._actor_id.hex(): "gradient_worker" for w in self.gradient_workers})
+        return ids.get(getattr(err, "actor_id", None), "unknown")
+
+    def _bring_back(self, name: str) -> None:
+        """Wait until the role answers again (`RoleLost` if it does not in time) and put it back in the run."""
+        if name == "gradient_worker":  # Ray already retried its calls on restarts: this one is gone for good
+            raise RoleLost("a gradient worker died and did not come back")
+        for role in (self.watch.actors if name == "unknown" else [name]):
+            if self.watch.wait_for(role, self.cfg.fault.role_timeout_s):
+                self._recover(role)
 
     # --- learner ------------------------------------------------------------------
     def train(self, budget: int, final: bool = False) -> list[TrainStats]:
@@ -152,31 +180,29 @@ class RayRoles(Roles):
         role's recovery, and the call's updates are not counted (the learner's state says what stands)."""
         self.train_calls.pop(ref, None)
         try:
-            return [ray.get(ref, timeout=0)]
-        except GetTimeoutError:
-            raise RoleLost(f"a learner call took longer than fault.role_timeout_s={self.cfg.fault.role_timeout_s:.0f} s") from None
-        except ACTOR_GONE:
-            died = "learner"
-        except RayTaskError as e:
-            if not isinstance(e.cause, ACTOR_GONE):
-                raise
-            died = "replay"
-        if self.watch.wait_for(died, self.cfg.fault.role_timeout_s):
-            self._recover(died)
-        done, self.rewound = self.rewound, []
-        return done
+            return [self._get(ref)]
+        except RoleRestarted:  # already recovered; a restored learner's rewind is reported instead
+            done, self.rewound = self.rewound, []
+            return done
 
     def _recover(self, name: str) -> None:
         """A role came back as a new process: put it back in the run."""
         if name == "learner":
-            # Its in-flight calls died with it; its state goes back to the newest checkpoint's.
+            # Its in-flight calls died with it; its state goes back to the newest checkpoint's, and its
+            # weights replace those of the updates that were lost.
             self.train_calls.clear()
-            version = ray.get(self.learner.set_state.remote(self.learner_state), timeout=self.cfg.fault.role_timeout_s)
+            version = self._get(self.learner.set_state.remote(self.learner_state))
             self.rewound.append(TrainStats(rewound_to=int(self.learner_state["state"]["updates"]), version=version))
         elif name == "parameter_server":
             self.learner.publish.remote()  # it came back empty: the learner's newest weights, now
-        # The replay server refills itself from the newest checkpoint; the evaluator needs nothing; the
-        # inference server pulls the weights before it answers (its recurrent states start from zero).
+        elif name == "replay":
+            # It came back empty: the newest checkpoint's store, read where the replay runs when that is the
+            # driver's node (no copy through the object store), else read here and sent.
+            on_this_node = self.replay_on_driver_node()
+            self.replay_refilled += self._get(self.replay.refill.remote(
+                self.run_dir if on_this_node else None, None if on_this_node else newest_store(self.run_dir)))
+        # The evaluator needs nothing; the inference server pulls the weights before it answers (its
+        # recurrent states start from zero).
 
     def updates_in_flight(self) -> int:
         return sum(self.train_calls.values())
@@ -264,7 +290,7 @@ class RayRoles(Roles):
         r = self.watch.restarts
         return Restarts(workers=self.pool.restarts, evaluator=r["evaluator"], replay=r["replay"],
                         learner=r["learner"], parameter_server=r["parameter_server"], workers_lost=len(self.pool.lost),
-                        inference=r.get("inference", 0))
+                        inference=r.get("inference", 0), replay_refilled=self.replay_refilled)
 
     def time_breakdown(self) -> dict[str, float]:
         return dict(self.timings)

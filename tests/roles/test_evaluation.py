@@ -1,9 +1,15 @@
-"""The evaluator's best checkpoint: ranked by success rate before return, and it only improves."""
+"""The evaluator's best checkpoint: ranked by success rate before return, it only improves, and only the
+driver writes it (the evaluator hands back the weights of a new best)."""
 import json
 import os
 
+import numpy as np
+
 from distrl.checkpoint import save_json
-from distrl.roles.evaluation import LOWEST, _saved_rank, rank
+from distrl.config import load_config
+from distrl.roles.evaluation import LOWEST, make_evaluation, rank, save_best, saved_rank
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def result(ret, success=None):
@@ -17,14 +23,35 @@ def test_success_rate_outranks_return_where_the_env_reports_one():
     assert rank(result(200.0)) > rank(result(100.0))
 
 
-def test_a_restarted_evaluator_starts_from_the_saved_best(tmp_path):
+def test_a_resumed_run_starts_from_the_saved_best(tmp_path):
     os.makedirs(tmp_path / "checkpoints")
-    assert _saved_rank(str(tmp_path)) == LOWEST
+    assert saved_rank(str(tmp_path)) == LOWEST
     save_json(os.path.join(tmp_path, "checkpoints", "best.json"), result(-7.0, success=0.85))
-    assert _saved_rank(str(tmp_path)) == (0.85, -7.0)
+    assert saved_rank(str(tmp_path)) == (0.85, -7.0)
     with open(tmp_path / "checkpoints" / "best.json", "w") as fh:
         json.dump({"return_mean": float("nan"), "metrics": {}}, fh)
-    assert _saved_rank(str(tmp_path)) == LOWEST
+    assert saved_rank(str(tmp_path)) == LOWEST
     with open(tmp_path / "checkpoints" / "best.json", "w") as fh:
         fh.write("{half")
-    assert _saved_rank(str(tmp_path)) == LOWEST
+    assert saved_rank(str(tmp_path)) == LOWEST
+
+
+def test_without_a_readable_best_json_the_rank_comes_from_the_weights_file(tmp_path):
+    save_best(str(tmp_path), {"w": np.ones(3, np.float32)}, result(120.0))
+    os.remove(tmp_path / "checkpoints" / "best.json")  # a kill between the two writes
+    assert saved_rank(str(tmp_path)) == (-np.inf, 120.0)
+
+
+def test_an_evaluation_hands_back_weights_only_when_it_beats_the_best_it_knows():
+    cfg = load_config(os.path.join(ROOT, "configs", "apex_dqn_cartpole.yaml"), ["eval.episodes=2"])
+    from distrl.roles.factory import build_algorithm
+
+    weights = build_algorithm(cfg).make_learner("cpu").get_weights()
+    evaluation = make_evaluation(cfg, start_time=0.0, resume={"evaluations": 0, "best": (-np.inf, 1e9)})
+    assert "weights" not in evaluation.evaluate(weights, 0)  # nothing reaches a return of 1e9
+    evaluation = make_evaluation(cfg, start_time=0.0)
+    first = evaluation.evaluate(weights, 0)
+    assert set(first["weights"]) == set(weights)
+    assert all(np.array_equal(first["weights"][k], weights[k]) for k in weights)
+    again = evaluation.evaluate(weights, 0)  # other seeds, the same weights: kept only if better
+    assert ("weights" in again) == (rank(again) > rank(first))

@@ -55,34 +55,42 @@ def test_too_many_env_errors_stop_the_run_with_a_clear_reason(tmp_path):
     assert os.path.isfile(os.path.join(str(tmp_path / "run"), "summary.json"))
 
 
+def newest_done_checkpoint(run_dir: str) -> str | None:
+    root = os.path.join(run_dir, "checkpoints")
+    done = sorted(d for d in os.listdir(root) if os.path.exists(os.path.join(root, d, "DONE"))) \
+        if os.path.isdir(root) else []
+    return done[-1] if done else None
+
+
 def test_replay_server_and_evaluator_deaths_are_survived(ray_session, tmp_path):
+    """Sync mode, where the driver waits on the replay server's adds: the server is stopped (so a call is
+    surely in flight) and then killed; it comes back refilled from the newest checkpoint. Then the
+    evaluator is killed."""
     run_dir = str(tmp_path / "run")
     killed = {}
 
     def killer():
-        metrics = os.path.join(run_dir, "metrics.csv")
         deadline = time.time() + 90
-        # Wait for a checkpoint so the restarted replay server can be refilled from it.
-        while time.time() < deadline and not any(
-                os.path.exists(os.path.join(run_dir, "checkpoints", d, "DONE"))
-                for d in (os.listdir(os.path.join(run_dir, "checkpoints")) if os.path.isdir(
-                    os.path.join(run_dir, "checkpoints")) else [])):
+        while time.time() < deadline and newest_done_checkpoint(run_dir) is None:
             time.sleep(0.2)
-        time.sleep(1.0)
-        for name in ("ReplayServer", "Evaluator"):
-            pids = pids_of(name)
-            if pids and os.path.exists(metrics):
-                os.kill(pids[0], signal.SIGKILL)
-                killed[name] = pids[0]
-            time.sleep(2.0)
+        pid = pids_of("ReplayServer")[0]
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(1.5)
+        os.kill(pid, signal.SIGKILL)
+        killed["ReplayServer"] = pid
+        time.sleep(2.0)
+        pid = pids_of("Evaluator")[0]
+        os.kill(pid, signal.SIGKILL)
+        killed["Evaluator"] = pid
 
     thread = threading.Thread(target=killer, daemon=True)
     thread.start()
     summary = train(CARTPOLE, run_dir=run_dir, overrides=[
-        "mode=async", "workers=2", "stop.max_env_steps=40000", "eval.target_return=null",
+        "mode=sync", "workers=2", "stop.max_env_steps=200000", "stop.max_seconds=120", "eval.target_return=null",
         "checkpoint.interval_s=2", "eval.interval_s=0.3", "log.progress=false", "log.tensorboard=false"])
     thread.join(timeout=5)
-    assert set(killed) == {"ReplayServer", "Evaluator"}
-    assert summary["replay_restarts"] >= 1, summary
+    assert set(killed) == {"ReplayServer", "Evaluator"}, (killed, summary)
+    assert summary["replay_restarts"] >= 1 and summary["replay_refilled_items"] > 0, summary
     assert summary["evaluator_restarts"] >= 1, summary
-    assert summary["stop_reason"] == "max_env_steps" and summary["updates"] > 0
+    assert summary["stop_reason"] == "max_env_steps" and summary["failure"] is None, summary
+    assert summary["updates"] > 0

@@ -1,5 +1,7 @@
-"""Every role may die: SIGKILLed learner (inside the first checkpoint interval, and after a checkpoint)
-and parameter server during an async Ape-X run; the run finishes solved and counts what happened."""
+"""Every role may die: SIGKILLed learner (inside the first checkpoint interval, and after a checkpoint while
+a checkpoint waits on it) and parameter server during an async Ape-X run; the run finishes solved and counts
+what happened. A role whose restarts are used up ends the run with its cause. A restored learner's weights
+replace the lost ones at the parameter server."""
 import csv
 import glob
 import json
@@ -9,7 +11,7 @@ import threading
 import time
 
 from distrl import train
-from tests.runtime.processes import pids_of
+from tests.runtime.processes import kill_one_once_logging, pids_of
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CARTPOLE = os.path.join(ROOT, "configs", "apex_dqn_cartpole.yaml")
@@ -21,7 +23,9 @@ def newest_checkpoint_updates(run_dir: str) -> int | None:
 
 
 def killer(run_dir: str, log: list) -> None:
-    """Learner once before any checkpoint, learner again after one, then the parameter server."""
+    """Learner once before any checkpoint; learner again after one, stopped first for longer than the
+    checkpoint interval so that the driver's next checkpoint is waiting on it when it dies; then the
+    parameter server."""
     metrics = os.path.join(run_dir, "metrics.csv")
     deadline = time.time() + 150
 
@@ -35,8 +39,11 @@ def killer(run_dir: str, log: list) -> None:
     log.append(("learner", time.time(), None))
     wait(lambda: newest_checkpoint_updates(run_dir) not in (None, 0))
     time.sleep(1.0)
-    at_checkpoint = newest_checkpoint_updates(run_dir)
-    os.kill(pids_of("Learner")[0], signal.SIGKILL)
+    learner = pids_of("Learner")[0]
+    os.kill(learner, signal.SIGSTOP)
+    at_checkpoint = newest_checkpoint_updates(run_dir)  # none completes while the learner is stopped
+    time.sleep(6.0)
+    os.kill(learner, signal.SIGKILL)
     log.append(("learner", time.time(), at_checkpoint))
     time.sleep(3.0)
     os.kill(pids_of("ParameterServer")[0], signal.SIGKILL)
@@ -63,3 +70,37 @@ def test_learner_and_parameter_server_deaths_are_survived(ray_session, tmp_path)
     rows = list(csv.DictReader(open(os.path.join(run_dir, "metrics.csv"))))
     after = [int(r["updates"]) for r in rows if float(r["wall_s"]) > killed_at - start + 0.5]
     assert after and min(after) >= at_checkpoint
+
+
+def test_a_role_whose_restarts_are_used_up_ends_the_run_with_its_cause(ray_session, tmp_path):
+    run_dir = str(tmp_path / "run")
+    thread, killed = kill_one_once_logging(run_dir, "Evaluator")
+    summary = train(CARTPOLE, run_dir=run_dir, overrides=[
+        "mode=async", "workers=1", "fault.max_role_restarts=0", "stop.max_seconds=90", "eval.target_return=null",
+        "log.progress=false", "log.tensorboard=false", "log.interval_s=0.25"])
+    thread.join(timeout=5)
+    assert killed, summary
+    assert summary["stop_reason"] == "role_failure", summary
+    assert "evaluator" in summary["failure"] and "restarts are used up" in summary["failure"], summary
+    assert time.time() - killed[0][1] < 30, summary  # noticed at once, not after fault.role_timeout_s (120 s)
+    assert newest_checkpoint_updates(run_dir) is not None  # the run is resumable
+
+
+def test_a_restored_learners_weights_replace_newer_ones_at_the_parameter_server(ray_session):
+    import numpy as np
+    import ray
+
+    from distrl.runtime.actors import ParameterServer
+
+    ps = ParameterServer.remote()
+    assert ray.get(ps.pull_if_changed.remote(-1)) is None  # nothing published yet
+    w = {"w": np.zeros(2, np.float32)}
+    ray.get(ps.push.remote(10, [ray.put(w)]))
+    ray.get(ps.push.remote(5, [ray.put({"w": np.ones(2, np.float32)})]))  # stale: ignored
+    version, (ref,) = ray.get(ps.pull_if_changed.remote(-1))
+    assert version == 10 and not ray.get(ref)["w"].any()
+    ray.get(ps.push.remote(5, [ray.put({"w": np.ones(2, np.float32)})], True))  # a restored learner's
+    assert ray.get(ps.pull_if_changed.remote(5)) is None
+    version, (ref,) = ray.get(ps.pull_if_changed.remote(10))  # a worker acting with the lost weights pulls
+    assert version == 5 and ray.get(ref)["w"].all()
+    ray.kill(ps)
