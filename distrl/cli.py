@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     _observe_parsers(sub)
     from distrl.checkpoint import CheckpointError
     from distrl.config import ConfigError
-    from distrl.core import RoleLost
+    from distrl.core import RoleLost, RoleRestarted
 
     try:
         args = parser.parse_args(argv)
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, ConfigError, CheckpointError) as e:
         print(f"distrl: error: {_one_line(e)}", file=sys.stderr)
         return EXIT_USAGE
-    except RoleLost as e:  # a run that could not start (a cluster too busy): not the user's input
+    except (RoleLost, RoleRestarted) as e:  # a run that could not start (a busy cluster, a role dying)
         print(f"distrl: could not start: {_one_line(e)}", file=sys.stderr)
         return EXIT_FAULT
     except KeyboardInterrupt:
