@@ -21,14 +21,14 @@ class VectorEnv:
         self.num_envs = num_envs
         self.observation_space = self.envs[0].observation_space
         self.action_space = self.envs[0].action_space
-        first = [env.reset(seed=seed + i)[0] for i, env in enumerate(self.envs)]
+        self.env_errors = 0
+        first = [self._reset(env, seed=seed + i) for i, env in enumerate(self.envs)]
         for i, env in enumerate(self.envs):
             env.action_space.seed(seed + i)
         self.obs = np.stack(first).astype(self.observation_space.dtype or np.float32, copy=False)
         self.episode_return = np.zeros(num_envs, np.float64)
         self.episode_length = np.zeros(num_envs, np.int64)
         self.episode_return_at_end = np.zeros(num_envs, np.float64)
-        self.env_errors = 0
         self.errored = np.zeros(num_envs, bool)  # which envs raised during the last step
 
     def rng_states(self) -> list[dict]:
@@ -41,7 +41,7 @@ class VectorEnv:
 
     def reset_all(self) -> None:
         """Start a fresh episode in every env (without reseeding: RNG state carries on)."""
-        self.obs = np.stack([env.reset()[0] for env in self.envs]).astype(self.obs.dtype, copy=False)
+        self.obs = np.stack([self._reset(env) for env in self.envs]).astype(self.obs.dtype, copy=False)
         self.episode_return[:] = 0.0
         self.episode_length[:] = 0
 
@@ -80,12 +80,22 @@ class VectorEnv:
                 self.episode_return_at_end[i] = self.episode_return[i] + r
                 self.episode_return[i] = 0.0
                 self.episode_length[i] = 0
-                o, _ = env.reset()  # a reset that raises is not recoverable here: the worker restarts
+                o = self._reset(env)
             else:
                 self.episode_return[i] += r
                 self.episode_length[i] += 1
             self.obs[i] = o
         return next_obs, rewards, terminated, truncated, finished
+
+    def _reset(self, env, **kwargs) -> np.ndarray:
+        """A reset's observation, which must be finite: a few tries, each counted as an env error. A reset
+        that raises or keeps failing is not recoverable here: the worker's process restarts."""
+        for _ in range(3):
+            obs, _ = env.reset(**kwargs)
+            if np.isfinite(obs).all():
+                return obs
+            self.env_errors += 1
+        raise FloatingPointError("the env's reset keeps returning non-finite observations")
 
     def close(self) -> None:
         for env in self.envs:
