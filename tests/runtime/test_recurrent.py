@@ -1,11 +1,17 @@
 """R2D2 on a POMDP through the real path: it learns where a feed-forward agent cannot, and a run
-resumes mid-way with its sequence replay (chunks, items, stored recurrent states) intact."""
+killed mid-way resumes with its sequence replay (chunks, items, stored recurrent states) intact."""
+import glob
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 
 from distrl import resume, train
 from distrl.checkpoint.run import read_checkpoint
 from distrl.replay.store import digest
+from tests.runtime.test_resume import complete_checkpoints
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 R2D2 = os.path.join(ROOT, "configs", "r2d2_position_only_cartpole.yaml")
@@ -27,21 +33,70 @@ def test_r2d2_uses_memory_where_feedforward_apex_cannot(tmp_path):
     assert not feedforward["solved"] and feedforward["best_eval_return"] < 0.6, feedforward
 
 
-def test_r2d2_resumes_with_its_sequence_replay_through_ray_actors(ray_session, tmp_path):
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid` (by /proc's parent links)."""
+    children: dict[int, list[int]] = {}
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            with open(stat) as fh:
+                parent = int(fh.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(parent, []).append(int(stat.split("/")[2]))
+    out, todo = [], [pid]
+    while todo:
+        found = children.get(todo.pop(), [])
+        out += found
+        todo += found
+    return out
+
+
+def _trained_checkpoints(run_dir: str) -> list[str]:
+    """Complete checkpoints taken after the learner's first update."""
+    def updates(ckpt):
+        with open(os.path.join(ckpt, "meta.json")) as fh:
+            return json.load(fh)["counters"]["updates"]
+    return [c for c in complete_checkpoints(run_dir) if updates(c) > 0]
+
+
+def _kill_driver_mid_run(proc: subprocess.Popen, run_dir: str, checkpoints: int) -> None:
+    """SIGKILL the driver and every process it started (its embedded Ray: some of that would outlive it)
+    once it has written `checkpoints` after it started learning, as if its machine went down."""
+    deadline = time.time() + 150
+    while time.time() < deadline and len(_trained_checkpoints(run_dir)) < checkpoints and proc.poll() is None:
+        time.sleep(0.2)
+    started = _descendants(proc.pid)
+    proc.send_signal(signal.SIGKILL)
+    for pid in started:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait(timeout=10)
+
+
+def test_r2d2_killed_mid_run_resumes_with_its_sequence_replay_through_ray_actors(ray_session, tmp_path):
     run_dir = str(tmp_path / "run")
-    first = train(R2D2, run_dir=run_dir, overrides=[
-        "mode=sync", "workers=2", "stop.max_env_steps=8000", "eval.target_return=null", *QUIET])
-    ckpts = sorted(d for d in os.listdir(os.path.join(run_dir, "checkpoints")) if d.startswith("ckpt-"))
-    ckpt = os.path.join(run_dir, "checkpoints", ckpts[-1])
+    sets = ["workers=2", "checkpoint.interval_s=1", "eval.target_return=null", "stop.max_env_steps=1000000", *QUIET]
+    with open(tmp_path / "driver.err", "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "distrl.cli", "train", R2D2, "--mode", "sync",
+                                 "--run-dir", run_dir, *sum((["--set", s] for s in sets), [])],
+                                stdout=subprocess.DEVNULL, stderr=err)
+        _kill_driver_mid_run(proc, run_dir, 2)
+    assert not os.path.exists(os.path.join(run_dir, "summary.json"))  # it really died mid-run
+    assert len(_trained_checkpoints(run_dir)) >= 2, (tmp_path / "driver.err").read_text()[-2000:]
+    ckpt = complete_checkpoints(run_dir)[-1]
     state = read_checkpoint(ckpt)
-    store = state["store"]
-    assert state["meta"]["store_saved"] and digest(store) == state["meta"]["store_sha256"]
+    meta, store = state["meta"], state["store"]
+    assert meta["store_saved"] and digest(store) == meta["store_sha256"]
     states = store["items"]["state"]  # the recurrent state stored with each sequence: (items, 2, core) for an LSTM
     assert states.shape[1:] == (2, 64) and len(states) > 0 and (states != 0).any()
-    assert state["meta"]["counters"]["env_steps"] == first["env_steps"] and first["updates"] > 0
-    second = resume(run_dir, overrides=["stop.max_env_steps=12000"])
+    steps, updates = meta["counters"]["env_steps"], meta["counters"]["updates"]
+    summary = resume(run_dir, overrides=[f"stop.max_env_steps={steps + 4000}"])
     log = json.loads(open(os.path.join(run_dir, "resumes.jsonl")).read().splitlines()[-1])
+    assert log["checkpoint"] == ckpt
+    assert (log["env_steps"], log["updates"]) == (steps, updates)
     # The replay the resumed server holds, stored recurrent states included, is the checkpoint's.
-    assert log["store_sha256"] == state["meta"]["store_sha256"]
-    assert (log["env_steps"], log["updates"]) == (first["env_steps"], first["updates"])
-    assert second["env_steps"] >= 12000 and second["updates"] > first["updates"]
+    assert log["store_sha256"] == meta["store_sha256"]
+    assert summary["stop_reason"] == "max_env_steps" and summary["env_steps"] >= steps + 4000
+    assert summary["updates"] > updates and summary["wall_s"] > meta["wall_s"]
