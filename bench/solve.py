@@ -1,12 +1,17 @@
 """Wall time to solve, per mode, over seeds, from the command's start (a fresh process).
 
     python -m bench.solve [--config configs/apex_dqn_cartpole.yaml] [--modes single sync async]
-                          [--seeds 0 1 2] [--workers 2] [--max-seconds 300]
+                          [--seeds 0 1 2] [--workers 2] [--max-seconds 300] [--against REV]
 
 Each run is `distrl train ...` in its own process, so Python, torch and Ray
 start-up are all inside the measured time. Mode, workers and budget default to
 the config's own; results go to bench/results/solve_<config>.json, one file per
 config, keeping the runs of modes not re-run.
+
+`--against REV` runs every seed twice, alternately with this tree and with REV
+(checked out as a git worktree under bench/out/, each side with its own copy of
+the config), so that both are measured in one invocation under the same load;
+results go to bench/results/solve_<config>_vs_<REV>.json.
 """
 from __future__ import annotations
 
@@ -22,13 +27,15 @@ from bench.common import ROOT, hardware, write_json
 from distrl.config import load_config
 
 
-def solve_once(config: str, mode: str, seed: int, workers: int, max_seconds: float, extra: list[str]) -> dict:
+def solve_once(config: str, mode: str, seed: int, workers: int, max_seconds: float, extra: list[str],
+               tree: str = ROOT) -> dict:
+    """One run of `config` (relative to `tree`) with the distrl of `tree`."""
     run_dir = tempfile.mkdtemp(prefix=f"solve-{mode}-{seed}-")
     os.rmdir(run_dir)
-    cmd = [sys.executable, "-m", "distrl.cli", "train", config, "--mode", mode, "--seed", str(seed),
-           "--workers", str(workers), "--max-seconds", str(max_seconds), "--run-dir", run_dir,
+    cmd = [sys.executable, "-m", "distrl.cli", "train", os.path.join(tree, config), "--mode", mode,
+           "--seed", str(seed), "--workers", str(workers), "--max-seconds", str(max_seconds), "--run-dir", run_dir,
            "--set", "log.progress=false", *sum((["--set", e] for e in extra), [])]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tree, env={**os.environ, "PYTHONPATH": tree})
     if proc.returncode != 0:
         raise SystemExit(f"run failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-2000:]}")
     s = json.load(open(os.path.join(run_dir, "summary.json")))
@@ -65,39 +72,61 @@ def main() -> None:
     ap.add_argument("--workers", type=int, help="default: the config's own")
     ap.add_argument("--max-seconds", type=float, help="default: the config's own stop.max_seconds")
     ap.add_argument("--set", dest="extra", action="append", default=[])
+    ap.add_argument("--against", metavar="REV", help="also run every seed with the distrl of this git revision")
     ap.add_argument("--out", help="default: bench/results/solve_<config>.json (runs of other modes and seeds are kept)")
     args = ap.parse_args()
     cfg = load_config(args.config, args.extra)
     modes = args.modes or [cfg.mode]
     workers = args.workers or cfg.workers
     budget = args.max_seconds or cfg.stop.max_seconds
+    config = os.path.relpath(os.path.abspath(args.config), ROOT)
     stem = os.path.splitext(os.path.basename(args.config))[0]
+    sides = {commit(ROOT): ROOT}
+    if args.against:
+        sha, tree = worktree(args.against)
+        sides[sha] = tree
+        stem = f"{stem}_vs_{sha}"
     out = args.out or os.path.join(ROOT, "bench", "results", f"solve_{stem}.json")
-    old = json.load(open(out)) if os.path.exists(out) else {}
-    results = {"hardware": hardware(), "config": os.path.relpath(args.config, ROOT), "overrides": args.extra,
+    old = json.load(open(out)) if os.path.exists(out) and not args.against else {}
+    results = {"hardware": hardware(), "config": config, "overrides": args.extra,
                "runs": [r for r in old.get("runs", []) if r["mode"] not in modes], "median": {}}
     for mode in modes:
         for seed in args.seeds:
-            r = solve_once(args.config, mode, seed, workers, budget, args.extra)
-            r["budget_s"], r["commit"] = budget, commit()
-            results["runs"].append(r)
-            print(json.dumps(r), flush=True)
-    for mode in dict.fromkeys(r["mode"] for r in results["runs"]):
-        runs = [r for r in results["runs"] if r["mode"] == mode]
-        results["median"][mode] = summarise(runs, runs[0].get("budget_s", budget))
+            for side, tree in sides.items():  # alternating: both sides see the same machine load
+                r = solve_once(config, mode, seed, workers, budget, args.extra, tree)
+                r["budget_s"], r["commit"] = budget, side
+                results["runs"].append(r)
+                print(json.dumps(r), flush=True)
+    for key in dict.fromkeys(row_key(r, len(sides) > 1) for r in results["runs"]):
+        runs = [r for r in results["runs"] if row_key(r, len(sides) > 1) == key]
+        results["median"][key] = summarise(runs, runs[0].get("budget_s", budget))
     write_json(out, results)
     print(table(results))
 
 
-def commit() -> str:
-    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+def row_key(run: dict, by_commit: bool) -> str:
+    return f"{run['commit']} {run['mode']}" if by_commit else run["mode"]
+
+
+def worktree(rev: str) -> tuple[str, str]:
+    """(short sha, a checkout of it under bench/out/) for running another revision's code."""
+    sha = commit(ROOT, rev)
+    path = os.path.join(ROOT, "bench", "out", f"tree-{sha}")
+    if not os.path.isdir(path):
+        subprocess.run(["git", "worktree", "add", "--detach", path, sha], cwd=ROOT, check=True, capture_output=True)
+    return sha, path
+
+
+def commit(tree: str, rev: str = "HEAD") -> str:
+    return subprocess.run(["git", "rev-parse", "--short", rev], capture_output=True, text=True, cwd=tree,
+                          check=True).stdout.strip()
 
 
 def table(results: dict) -> str:
-    lines = ["| mode | solved | budget (s) | median time to solve (s) | env steps | updates | updates/s | policy lag p50 / p90 |",
+    lines = ["| run | solved | budget (s) | median time to solve (s) | env steps | updates | updates/s | policy lag p50 / p90 |",
              "|---|---|---|---|---|---|---|---|"]
-    for mode, m in results["median"].items():
-        lines.append(f"| {mode} | {m['solved']}/{m['runs']} | {m['budget_s']:.0f} | {m['time_to_solve_s']:.1f} | {m['env_steps']:.0f} | "
+    for key, m in results["median"].items():
+        lines.append(f"| {key} | {m['solved']}/{m['runs']} | {m['budget_s']:.0f} | {m['time_to_solve_s']:.1f} | {m['env_steps']:.0f} | "
                      f"{m['updates']:.0f} | {m['updates_per_s']:.0f} | {m['policy_lag_p50']:.0f} / {m['policy_lag_p90']:.0f} |")
     return "\n".join(lines)
 
