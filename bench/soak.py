@@ -96,7 +96,9 @@ def checkpoint_cost(transitions: int = 1_000_000) -> dict:
             "write_s": round(t1 - t0, 3), "read_s": round(t2 - t1, 3)}
 
 
-KILLS = {0.10: "Learner", 0.15: "ParameterServer"}  # (fraction of the run, role): before warm-up ends at 0.25
+# (fraction of the run, role). Before warm-up ends at 0.25: growth is then measured on the processes that run
+# the rest of the run (a restarted one is fresh, and would otherwise show its own warm-up as growth).
+KILLS = {0.10: "Learner", 0.15: "ParameterServer"}
 
 
 def kill_role(name: str, root: int) -> int | None:
@@ -107,18 +109,34 @@ def kill_role(name: str, root: int) -> int | None:
 
 
 def nothing_lost(run_dir: str) -> dict:
-    """The final checkpoint against summary.json: counters equal, and the replay it holds hashes as recorded."""
+    """What the kills could have lost, checked: env steps never went back in metrics.csv; the final checkpoint
+    holds the summary's counters and a replay that hashes as recorded; and a resume from it (every process
+    new) restores those counters and that replay hash in the new replay server (`resumes.jsonl`)."""
+    import csv
     import json
 
     from distrl.checkpoint.run import load_latest
     from distrl.replay.store import digest
 
     summary = json.load(open(os.path.join(run_dir, "summary.json")))
+    steps = [int(r["env_steps"]) for r in csv.DictReader(open(os.path.join(run_dir, "metrics.csv")))]
     path, state = load_latest(run_dir)
-    counters = state["meta"]["counters"]
-    return {"checkpoint": path, "summary_env_steps": summary["env_steps"], "checkpoint_env_steps": counters["env_steps"],
-            "summary_updates": summary["updates"], "checkpoint_updates": counters["updates"],
-            "store_sha256_recorded": state["meta"]["store_sha256"], "store_sha256_read": digest(state["store"]),
+    counters, recorded = state["meta"]["counters"], state["meta"]["store_sha256"]
+    wall = state["meta"]["wall_s"]
+    subprocess.run([sys.executable, "-m", "distrl.cli", "resume", run_dir, "--max-seconds", str(wall + 20),
+                    "--set", "log.progress=false"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+    resumed = [json.loads(line) for line in open(os.path.join(run_dir, "resumes.jsonl"))][-1]
+    checks = {
+        "env_steps_never_went_back": all(b >= a for a, b in zip(steps, steps[1:])),
+        "checkpoint_holds_the_summary_counters": (counters["env_steps"], counters["updates"]) ==
+                                                 (summary["env_steps"], summary["updates"]),
+        "checkpoint_replay_hash_as_recorded": digest(state["store"]) == recorded,
+        "resume_restored_the_counters": (resumed["env_steps"], resumed["updates"]) ==
+                                        (counters["env_steps"], counters["updates"]),
+        "resume_restored_the_replay_hash": resumed["store_sha256"] == recorded,
+    }
+    return {"ok": all(checks.values()), **checks, "checkpoint": path, "env_steps": counters["env_steps"],
+            "updates": counters["updates"], "store_sha256": recorded,
             "learner_restarts": summary["learner_restarts"], "parameter_server_restarts": summary["parameter_server_restarts"],
             "updates_lost": summary["updates_lost"], "failure": summary["failure"]}
 
@@ -133,6 +151,9 @@ def soak(config: str, minutes: float, interval_s: float = 10.0, kills: bool = Tr
     samples = []  # (t, {role: total MB})
     pending = dict(KILLS) if kills else {}
     killed = []
+    metrics = os.path.join(run_dir, "metrics.csv")
+    while proc.poll() is None and not (os.path.exists(metrics) and len(open(metrics).readlines()) > 1):
+        time.sleep(0.5)  # the clock starts once every role is up and the run logs
     t_start = time.time()
     try:
         while time.time() - t_start < minutes * 60 and proc.poll() is None:
