@@ -22,11 +22,13 @@ class RecordingIO(LocalIO):
     def __init__(self, experience, policy):
         super().__init__(experience, policy)
         self.sent: list[tuple[int, dict]] = []
+        self.restored: list[bool] = []
         self.priority_writes = 0
 
-    def publish(self, version, weights, *rest):
+    def publish(self, version, weights, restored=False):
         self.sent.append((version, weights))
-        super().publish(version, weights, *rest)
+        self.restored.append(restored)
+        super().publish(version, weights, restored)
 
     def write_priorities(self, *args):
         self.priority_writes += 1
@@ -113,3 +115,15 @@ def test_state_and_torch_rng_round_trip_and_training_continues_identically():
     assert b.io.versions()[-1] == 8
     assert_same_weights(b.learner.get_weights(), a.learner.get_weights())
     assert_same_weights(b.learner.state_dict()["target"], a.learner.state_dict()["target"])
+
+
+def test_a_learner_restored_to_an_older_state_publishes_it_over_the_newer_weights():
+    """A restarted learner goes back to a checkpoint: its weights must replace those of the lost updates."""
+    loop = wired("apex_dqn_cartpole.yaml", APEX, 1)
+    loop.train(4)
+    state, weights_at_save = loop.get_state(), loop.learner.get_weights()
+    loop.train(4)
+    assert loop.set_state(state) == 4
+    assert loop.io.versions() == [0, 4, 8, 4] and loop.io.restored == [False, False, False, True]
+    assert_same_weights(loop.io.sent[-1][1], weights_at_save)
+    assert loop.io.policy.version == 4
