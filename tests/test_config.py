@@ -174,3 +174,34 @@ def test_a_placement_the_cluster_can_host_passes(monkeypatch):
     fake_cluster(monkeypatch, {"CPU": 2}, {"CPU": 2, "slot": 2})
     check_placement(load_config(None, ["device=cpu", "workers=2", "placement.workers={slot: 1}",
                                        "placement.learner={CPU: 2}"]), "head:6379")
+
+
+def test_time_fields_are_bounded_and_exponents_without_a_dot_are_numbers():
+    cfg = load_config(None, ["fault.role_timeout_s=1e3", "apex_dqn.lr=1e-4", "async.window_s=5E-2"])
+    assert (cfg.fault.role_timeout_s, cfg.apex_dqn.lr, cfg.async_.window_s) == (1000.0, 1e-4, 0.05)
+    for key in ("fault.role_timeout_s", "fault.worker_timeout_s", "async.window_s", "eval.interval_s",
+                "checkpoint.interval_s", "log.interval_s", "stop.max_seconds"):
+        with pytest.raises(ConfigError, match=rf"^config key '{key}': must be <= \d+"):
+            load_config(None, [f"{key}=1e18"])
+    with pytest.raises(ConfigError, match="'workers': expected int, got '1e3'"):
+        load_config(None, ["workers=1e3"])
+
+
+def test_the_epsilon_keys_are_shared_but_keep_their_names_and_defaults():
+    from distrl.config.algorithms import ApexDQNConfig, DHCConfig, EpsilonGreedyConfig, R2D2Config
+
+    names = ("eps", "eps_alpha", "eps_start", "eps_end", "eps_decay_steps")
+    for cls in (ApexDQNConfig, R2D2Config, DHCConfig):
+        assert issubclass(cls, EpsilonGreedyConfig)
+        cfg = cls()
+        assert (cfg.eps, cfg.eps_alpha, cfg.eps_start, cfg.eps_end) == (0.4, 7.0, 1.0, 0.02)
+        assert all(n in {f.name for f in dataclasses.fields(cls)} for n in names)
+    assert (ApexDQNConfig().eps_decay_steps, R2D2Config().eps_decay_steps, DHCConfig().eps_decay_steps) == (5000, 5000, 20000)
+    assert load_config(None, ["algo=dhc", "dhc.eps_end=0.1"]).dhc.eps_end == 0.1
+
+
+def test_a_key_that_is_not_a_name_is_one_error(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text("replay:\n  1: 2\n")
+    with pytest.raises(ConfigError, match=r"^config key 'replay.1': a key must be a name, got 1$"):
+        load_config(str(path))

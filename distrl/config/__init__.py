@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -67,6 +68,9 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp)).replace("NoneType", "null")
 
 
+FLOAT_TEXT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
+
+
 def _convert(value: Any, tp: Any, path: str) -> Any:
     """Check `value` against annotation `tp`; ints are accepted where floats are."""
     origin = typing.get_origin(tp)
@@ -80,6 +84,8 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"config key '{path}': expected a mapping, got {value!r}")
         return _build(tp, value, path + ".")
+    if tp is float and isinstance(value, str) and FLOAT_TEXT.match(value):
+        value = float(value)  # YAML 1.1 reads 1e-4 (no dot) as a string; a user means the number
     ok = {
         bool: isinstance(value, bool),
         int: isinstance(value, int) and not isinstance(value, bool),
@@ -127,6 +133,8 @@ def _build(cls: type, data: dict, prefix: str = "") -> Any:
     fields = {_key(fl): fl for fl in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
     for k in data:
+        if not isinstance(k, str):  # YAML reads `1: 2` as an int key
+            raise ConfigError(f"config key '{prefix}{k}': a key must be a name, got {k!r}")
         if prefix + k in REPLACED:
             raise ConfigError(f"config key '{prefix}{k}' was replaced by {REPLACED[prefix + k]}")
         if k not in fields:
@@ -149,6 +157,8 @@ def _parse_override(item: str) -> tuple[list[str], Any]:
         value = yaml.safe_load(raw) if raw != "" else ""
     except yaml.YAMLError:
         value = raw
+    except RecursionError:
+        raise ConfigError(f"override '{key}': the value is nested too deeply") from None
     return key.strip().split("."), value
 
 
@@ -167,15 +177,19 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
 
 
 def read_yaml(path: str) -> dict:
-    if not os.path.isfile(path):
-        raise ConfigError(f"config file not found: {path}")
     if os.path.isdir(path):
         raise ConfigError(f"config file {path} is a directory")
+    if not os.path.isfile(path):
+        raise ConfigError(f"config file not found: {path}")
     try:
         with open(path, encoding="utf-8") as fh:
             data = yaml.safe_load(fh)
     except UnicodeDecodeError:
         raise ConfigError(f"config file {path} is not a text (YAML) file") from None
+    except RecursionError:
+        raise ConfigError(f"config file {path} is nested too deeply") from None
+    except OSError as e:  # unreadable (permissions), or gone since the check
+        raise ConfigError(f"config file {path} cannot be read: {e.strerror or e}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""

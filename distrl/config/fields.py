@@ -6,6 +6,11 @@ from typing import Any
 
 MODES = ("single", "sync", "async")
 
+# Upper bounds of time fields: Ray's waits take milliseconds as a 64-bit int, and a larger wait or interval
+# than these is a typo rather than a plan.
+WEEK_S = 7 * 24 * 3600.0
+YEAR_S = 365 * 24 * 3600.0
+
 
 class ConfigError(ValueError):
     """A user mistake in a config file, an override or a flag."""

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from distrl.config.fields import f
+from distrl.config.fields import WEEK_S, YEAR_S, f
 
 
 @dataclass
@@ -30,8 +30,8 @@ class ReplayConfig:
     beta0: float = f(0.4, "initial importance-sampling exponent, annealed to 1", lo=0.0, hi=1.0)
     beta_steps: int = f(20_000, "sampled batches over which beta reaches 1", lo=1)
     min_size: int = f(1000, "items stored before the learner samples", lo=1)
-    samples_per_insert: float = f(2.0, "rate limiter: times each stored item is sampled, on average (learner side and worker side both block to hold it)", lo=0.0, lo_open=True)
-    error_buffer: float | None = f(None, "rate limiter: sampled items either side may run ahead of the ratio before it blocks (null = one gather of inserts plus one learner block)", lo=0.0, lo_open=True)
+    samples_per_insert: float = f(2.0, "rate limiter: times each stored item is sampled, on average (learner side and worker side both block to hold it)", lo=0.0, lo_open=True, hi=10_000.0)
+    error_buffer: float | None = f(None, "rate limiter: sampled items either side may run ahead of the ratio before it blocks (null = one gather of inserts plus one learner block)", lo=0.0, lo_open=True, hi=1e12)
 
 
 @dataclass
@@ -70,19 +70,19 @@ class EvalConfig:
     target_return: float | None = f(None, "mean greedy return that ends the run as solved (null = never)")
     target_success: float | None = f(None, "multi-agent: success rate (all agents on goal) that ends the run as solved (null = never)", lo=0.0, hi=1.0)
     episodes: int = f(20, "greedy episodes per evaluation", lo=1, hi=10_000)
-    interval_s: float = f(1.0, "seconds between evaluations", lo=0.0)
+    interval_s: float = f(1.0, "seconds between evaluations", lo=0.0, hi=WEEK_S)
     interval_steps: int | None = f(None, "evaluate every this many env steps instead, waiting for the result (deterministic runs)", lo=1)
 
 
 @dataclass
 class StopConfig:
-    max_seconds: float = f(600.0, "wall seconds before the run stops", lo=0.0, lo_open=True)
+    max_seconds: float = f(600.0, "wall seconds before the run stops", lo=0.0, lo_open=True, hi=YEAR_S)
     max_env_steps: int | None = f(None, "env steps before the run stops (null = no limit)", lo=1)
 
 
 @dataclass
 class AsyncConfig:
-    window_s: float = f(0.02, "seconds each async gather waits for ready workers", lo=0.0)
+    window_s: float = f(0.02, "seconds each async gather waits for ready workers", lo=0.0, hi=WEEK_S)
 
 
 @dataclass
@@ -90,21 +90,21 @@ class FaultConfig:
     max_worker_restarts: int = f(10, "rollout-worker process restarts before the run stops", lo=0)
     max_env_errors: int = f(1000, "env exceptions or non-finite env outputs (each ends its episode and is counted) before the run stops", lo=0)
     max_role_restarts: int = f(10, "restarts of the learner, replay server, parameter server or evaluator (each) before the run stops", lo=0)
-    worker_timeout_s: float = f(120.0, "a worker call, or a dead worker's restart, taking longer than this counts as failed", lo=1.0)
-    role_timeout_s: float = f(120.0, "how long the driver waits for a restarted role, or a learner call, before it gives up", lo=1.0)
+    worker_timeout_s: float = f(120.0, "a worker call, or a dead worker's restart, taking longer than this counts as failed", lo=1.0, hi=WEEK_S)
+    role_timeout_s: float = f(120.0, "how long the driver waits for a restarted role, or a learner call, before it gives up", lo=1.0, hi=WEEK_S)
     max_nonfinite_updates: int = f(100, "updates in a row skipped for a NaN or inf loss or gradient before the run stops", lo=1)
 
 
 @dataclass
 class CheckpointConfig:
-    interval_s: float = f(60.0, "seconds between whole-run checkpoints (one is also taken at every stop and on SIGTERM/SIGINT)", lo=0.0, lo_open=True)
+    interval_s: float = f(60.0, "seconds between whole-run checkpoints (one is also taken at every stop and on SIGTERM/SIGINT)", lo=0.0, lo_open=True, hi=WEEK_S)
     keep: int = f(3, "newest complete checkpoints kept", lo=1)
     max_replay_bytes: int = f(2_000_000_000, "replay larger than this is left out of checkpoints; a resumed run then refills it from the workers", lo=0)
 
 
 @dataclass
 class LogConfig:
-    interval_s: float = f(1.0, "seconds between metrics.csv rows and progress updates", lo=0.01)
+    interval_s: float = f(1.0, "seconds between metrics.csv rows and progress updates", lo=0.01, hi=WEEK_S)
     interval_steps: int | None = f(None, "write a row every this many env steps instead (deterministic runs)", lo=1)
     progress: bool = f(True, "print a console progress line while training")
     tensorboard: bool = f(True, "write TensorBoard event files into the run dir")

@@ -30,8 +30,10 @@ def import_module_of(env_id: str) -> tuple[Any, str]:
         raise EnvError(f"config key 'env.id': {env_id!r} must look like module:Name")
     try:
         return importlib.import_module(module), name
-    except ImportError as e:
-        raise EnvError(f"config key 'env.id': cannot import {module!r} for {env_id!r}: {e}") from None
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - a relative or empty name (TypeError, ValueError),
+        # a missing module, or whatever the module's own code raises on import: the id names the wrong thing
+        reason = " ".join(str(e).split())[:200] or type(e).__name__
+        raise EnvError(f"config key 'env.id': cannot import {module!r} for {env_id!r}: {reason}") from None
 
 
 def _constructor(env_id: str) -> Callable[..., gym.Env]:
@@ -45,7 +47,10 @@ def _constructor(env_id: str) -> Callable[..., gym.Env]:
     mod, name = import_module_of(env_id)
     if name in gym.envs.registry:
         return lambda **kw: gym.make(name, **kw)
-    cls = getattr(mod, name, None)
+    try:
+        cls = getattr(mod, name, None)
+    except Exception:  # noqa: BLE001 - a module-level __getattr__ may raise anything for a name it lacks
+        cls = None
     if isinstance(cls, type) and issubclass(cls, gym.Env):
         return cls
     raise EnvError(f"config key 'env.id': {mod.__name__!r} has no gymnasium env class or registered id {name!r}")
