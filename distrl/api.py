@@ -15,9 +15,17 @@ from distrl.config import Config, ConfigError, apply_overrides, from_dict, load_
 WORKERS_PER_CORE, WORKER_MB = 8, 300
 
 
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask: a container or `taskset` may allow fewer than
+    the machine has)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
+
+
 def host_worker_limit() -> int:
-    """Rollout workers this machine can host embedded: by cores, and by free memory."""
-    cores = os.cpu_count() or 1
+    """Rollout workers this machine can host embedded: by the CPUs this process may use, and by free memory."""
+    cores = usable_cpus()
     try:
         free_mb = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2**20
     except (ValueError, OSError):
@@ -46,9 +54,8 @@ def validate(cfg: Config, address: str | None = None) -> None:
     _check_device(cfg.device)
     if cfg.replay.min_size > cfg.replay.capacity:
         raise ConfigError("config key 'replay.min_size': larger than replay.capacity, learning would never start")
-    if data_path(cfg.algo) in ("replay", "sequence") and cfg.learner.batch_size > cfg.replay.capacity:
-        raise ConfigError(f"config key 'learner.batch_size': {cfg.learner.batch_size} is larger than "
-                          f"replay.capacity ({cfg.replay.capacity})")
+    if data_path(cfg.algo) in ("replay", "sequence"):
+        _check_replay(cfg, spec, on_this_machine=not address)
     limit = host_worker_limit()
     if not address and cfg.mode != "single" and cfg.workers > limit:
         raise ConfigError(f"config key 'workers': {cfg.workers} workers cannot run on this machine without a "
@@ -60,6 +67,45 @@ def validate(cfg: Config, address: str | None = None) -> None:
         from distrl.runtime.ray_setup import check_placement
 
         check_placement(cfg, address)  # last: it joins (or starts) the Ray the run will use
+
+
+def _check_replay(cfg: Config, spec, on_this_machine: bool) -> None:
+    """A batch the replay can hold, a rate limiter that cannot stall, a capacity the machine can hold."""
+    import numpy as np
+
+    from distrl.registry import data_path
+    from distrl.replay.rate_limiter import RateLimiter
+    from distrl.replay.store import error_buffer
+
+    r, batch = cfg.replay, cfg.learner.batch_size
+    if batch > r.capacity:
+        raise ConfigError(f"config key 'learner.batch_size': {batch} is larger than replay.capacity ({r.capacity})")
+    if not RateLimiter.deadlock_free(r.samples_per_insert, error_buffer(cfg), batch):
+        least = RateLimiter.smallest_error_buffer(r.samples_per_insert, batch)
+        raise ConfigError(f"config key 'replay.error_buffer': {r.error_buffer:g} is too small: with "
+                          f"replay.samples_per_insert={r.samples_per_insert:g} and learner.batch_size={batch} the "
+                          f"learner and the workers can both block for ever; the smallest that works is {least:g}")
+    memory = _physical_memory()
+    if on_this_machine and memory:  # on a cluster the replay server's node may have more
+        obs = spec.observation_space
+        size = int(np.prod(obs.shape or (1,))) * np.dtype(obs.dtype or np.float32).itemsize
+        # A lower bound: a transition holds obs and next_obs and a generation; a sequence step its obs.
+        per_item = 2 * size + 8 if data_path(cfg.algo) == "replay" else size
+        if r.capacity * per_item > memory:
+            raise ConfigError(f"config key 'replay.capacity': {r.capacity} items need at least "
+                              f"{_gib(r.capacity * per_item)} ({per_item} bytes each for {cfg.env.id}); this "
+                              f"machine has {_gib(memory)} of memory")
+
+
+def _physical_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return None
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:,.1f} GiB"
 
 
 def _check_ray_only(cfg: Config) -> None:
@@ -154,7 +200,8 @@ def train(config: Config | dict | str | None = None, *, overrides: list[str] | N
     start = start_time if start_time is not None else time.time()
     cfg = resolve_config(config, overrides)
     validate(cfg, address)
-    run_dir = run_dir or default_run_dir(cfg)
+    # Absolute: actors on a cluster started from another directory resolve the same path.
+    run_dir = os.path.abspath(run_dir or default_run_dir(cfg))
     if os.path.exists(run_dir) and not os.path.isdir(run_dir):
         raise ConfigError(f"run dir {run_dir} is a file, not a directory")
     if os.path.exists(os.path.join(run_dir, "config.yaml")):
@@ -183,6 +230,7 @@ def resume(run_dir: str, *, overrides: list[str] | None = None, address: str | N
     """
     from distrl.runtime.launch import resume_run
 
+    run_dir = os.path.abspath(run_dir)
     if not os.path.isdir(run_dir):
         raise ConfigError(f"run dir not found: {run_dir}")
     if not os.path.isdir(os.path.join(run_dir, "checkpoints")):

@@ -51,6 +51,21 @@ def run_main(capsys, *argv):
      "config key 'learner.num_gradient_workers': only modes sync and async start Ray actors"),
     (["train", CARTPOLE, "--set", "algo=r2d2", "--set", "learner.num_gradient_workers=2"],
      "config key 'learner.num_gradient_workers': r2d2 has no gradient workers"),
+    (["train", CARTPOLE, "--mode", "single", "--set", "env.id=.x:Foo"], "config key 'env.id': cannot import '.x'"),
+    (["train", CARTPOLE, "--mode", "single", "--set", "env.id=.:Foo"], "config key 'env.id': cannot import '.'"),
+    (["train", CARTPOLE, "--mode", "single", "--set", "fault.role_timeout_s=1e18"],
+     "config key 'fault.role_timeout_s': must be <= 604800"),
+    (["train", CARTPOLE, "--mode", "single", "--set", "fault.worker_timeout_s=1.0e+18"],
+     "config key 'fault.worker_timeout_s': must be <= 604800"),
+    (["train", CARTPOLE, "--mode", "single", "--set", "async.window_s=1e18"], "config key 'async.window_s': must be <= 604800"),
+    (["train", CARTPOLE, "--mode", "single", "--set", "replay.samples_per_insert=1e300"],
+     "config key 'replay.samples_per_insert': must be <= 10000"),
+    (["train", CARTPOLE, "--mode", "single", "--set", f"replay.capacity={10**12}"],
+     "config key 'replay.capacity': 1000000000000 items need at least"),
+    (["train", CARTPOLE, "--mode", "single", "--set", "replay.error_buffer=5"],
+     "config key 'replay.error_buffer': 5 is too small"),
+    (["train", CARTPOLE, "--mode", "single", "--set", "env.kwargs=" + "[" * 5000 + "]" * 5000],
+     "override 'env.kwargs': the value is nested too deeply"),
 ])
 def test_bad_input_is_one_line_exit_2_and_no_run_dir(capsys, tmp_path, argv, message):
     run_dir = tmp_path / "run"
@@ -117,3 +132,64 @@ def test_an_env_that_fails_in_a_worker_leaves_no_run_dir(capsys, tmp_path):
     code, _, err = run_main(capsys, "train", CARTPOLE, "--mode", "async", "--address", "127.0.0.1:9",
                             "--run-dir", str(run_dir))
     assert code == 2 and "Traceback" not in err and not run_dir.exists()
+
+
+def assert_one_line_exit_2(code, err, message):
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith("distrl: error: ") and message in lines[0], err
+
+
+def test_a_run_dir_under_a_file_or_in_an_unwritable_dir_is_one_line(capsys, tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    code, _, err = run_main(capsys, "train", CARTPOLE, "--mode", "single", "--run-dir", str(afile / "run"))
+    assert_one_line_exit_2(code, err, f"run dir {afile / 'run'} cannot be created: {afile} is a file, not a directory")
+    assert afile.read_text() == "x"
+    if os.path.isdir("/sys/kernel"):  # sysfs refuses new entries even to root
+        code, _, err = run_main(capsys, "train", CARTPOLE, "--mode", "single", "--run-dir", "/sys/distrl-test/run")
+        assert_one_line_exit_2(code, err, "run dir /sys/distrl-test/run cannot be created: /sys/distrl-test: ")
+        code, _, err = run_main(capsys, "train", CARTPOLE, "--mode", "single", "--run-dir", "/sys/kernel")
+        assert_one_line_exit_2(code, err, "run dir /sys/kernel is not writable: ")
+
+
+def test_a_run_dir_in_a_directory_without_write_permission_is_one_line(capsys, tmp_path):
+    if os.geteuid() == 0:
+        pytest.skip("root writes into any directory whatever its mode")
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    code, _, err = run_main(capsys, "train", CARTPOLE, "--mode", "single", "--run-dir", str(locked / "new" / "run"))
+    assert_one_line_exit_2(code, err, "cannot be created")
+    existing = locked / "existing"  # made before the dir lost its write bit: the lock file cannot be created
+    os.chmod(locked, 0o700)
+    existing.mkdir(mode=0o500)
+    os.chmod(locked, 0o500)
+    code, _, err = run_main(capsys, "train", CARTPOLE, "--mode", "single", "--run-dir", str(existing))
+    assert_one_line_exit_2(code, err, f"run dir {existing} is not writable")
+    assert os.listdir(existing) == []
+
+
+def test_an_unreadable_config_file_is_one_line(capsys, tmp_path):
+    if os.geteuid() == 0:
+        pytest.skip("root reads a file whatever its mode")
+    config = tmp_path / "config.yaml"
+    config.write_text(open(CARTPOLE).read())
+    config.chmod(0)
+    code, _, err = run_main(capsys, "train", str(config), "--run-dir", str(tmp_path / "run"))
+    assert_one_line_exit_2(code, err, f"config file {config} cannot be read: Permission denied")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_config_file_the_os_fails_to_read_is_one_line(capsys, tmp_path):
+    """A regular file whose read fails even for root (Linux's clear_refs is write-only: EINVAL)."""
+    path = "/proc/self/clear_refs"
+    if not os.path.isfile(path):
+        pytest.skip(f"{path} exists on Linux only")
+    code, _, err = run_main(capsys, "train", path, "--run-dir", str(tmp_path / "run"))
+    assert_one_line_exit_2(code, err, f"config file {path} cannot be read: ")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_config_path_that_is_a_directory_says_so(capsys, tmp_path):
+    code, _, err = run_main(capsys, "train", str(tmp_path), "--run-dir", str(tmp_path / "run"))
+    assert_one_line_exit_2(code, err, f"config file {tmp_path} is a directory")

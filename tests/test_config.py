@@ -176,6 +176,20 @@ def test_a_placement_the_cluster_can_host_passes(monkeypatch):
                                        "placement.learner={CPU: 2}"]), "head:6379")
 
 
+def test_an_error_buffer_that_can_stall_the_run_is_refused_with_the_smallest_that_works():
+    from distrl.api import validate
+
+    base = ["mode=single", "replay.samples_per_insert=2", "learner.batch_size=64"]  # smallest: (2 + 64) / 2
+    with pytest.raises(ConfigError, match=r"^config key 'replay.error_buffer': 32.5 is too small: .* the smallest "
+                                          r"that works is 33$"):
+        validate(load_config(os.path.join(ROOT, "configs", "apex_dqn_cartpole.yaml"), base + ["replay.error_buffer=32.5"]))
+    validate(load_config(os.path.join(ROOT, "configs", "apex_dqn_cartpole.yaml"), base + ["replay.error_buffer=33"]))
+    r2d2 = os.path.join(ROOT, "configs", "r2d2_repeat_previous.yaml")  # sequence replay: items are sequences
+    validate(load_config(r2d2, ["mode=single", "replay.error_buffer=null"]))
+    with pytest.raises(ConfigError, match="'replay.error_buffer': 1 is too small"):
+        validate(load_config(r2d2, ["mode=single", "replay.error_buffer=1"]))
+
+
 def test_time_fields_are_bounded_and_exponents_without_a_dot_are_numbers():
     cfg = load_config(None, ["fault.role_timeout_s=1e3", "apex_dqn.lr=1e-4", "async.window_s=5E-2"])
     assert (cfg.fault.role_timeout_s, cfg.apex_dqn.lr, cfg.async_.window_s) == (1000.0, 1e-4, 0.05)

@@ -1,14 +1,16 @@
 """Any value of any type for any config key: the run starts, or one line and exit 2 (never a traceback).
 
 Values that validate are started for real, in single mode with a tiny budget, so a value the
-checks let through but a role then chokes on is caught too.
+checks let through but a role then chokes on is caught too. The keys only sync and async read are
+validated against a stand-in for Ray's view of a cluster, not run (each run would start Ray).
 """
 import dataclasses
 import os
 import typing
 import uuid
 
-from hypothesis import HealthCheck, given, settings
+import pytest
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from distrl.cli import main
@@ -60,3 +62,64 @@ def test_any_value_for_any_key_starts_or_is_one_line_exit_2(capsys, tmp_path, ke
     else:
         assert code in (0, 1), (code, err)
         assert (run_dir / "summary.json").exists()
+
+
+# Keys only the Ray modes read. Their values are validated, not run: a run would start Ray for each example.
+RAY_KEYS = ["workers", "fault.worker_timeout_s", "fault.role_timeout_s", "fault.max_worker_restarts",
+            "fault.max_role_restarts", "async.window_s", "learner.num_gradient_workers", "rollout.inference",
+            "rollout.batch_timeout_ms", "placement.workers_strategy",
+            *(f"placement.{role}" for role in ("learner", "workers", "replay", "evaluator", "parameter_server",
+                                               "gradient_workers", "inference"))]
+SECONDS = st.one_of(st.floats(0, 1e20), st.floats(allow_nan=True, allow_infinity=True),
+                    st.sampled_from([1e18, 9.3e15, 604800, 604801, 1e-9, 2]))
+AMOUNTS = st.one_of(st.integers(-3, 2**40), st.floats(allow_nan=True, allow_infinity=True), st.booleans(),
+                    st.sampled_from([0.5, 1, 2, 4, 1.5]), st.text(max_size=3), st.none())
+RESOURCES = st.dictionaries(st.one_of(st.sampled_from(["CPU", "GPU", "node_a", "slot", "memory", ""]), st.text(max_size=4),
+                                      st.integers(0, 3)), AMOUNTS, max_size=3)
+CHOICES = st.sampled_from(["default", "spread", "pack", "central", "local"])
+
+
+def ray_item(key: str):
+    """(key, a value of any type, more often one of the kind the key takes)."""
+    kind = RESOURCES if key.startswith("placement.") and key != "placement.workers_strategy" else (
+        SECONDS if key.endswith(("_s", "_ms")) else CHOICES if key in ("rollout.inference", "placement.workers_strategy")
+        else st.one_of(st.integers(0, 8), st.integers(-2, 10**20)))
+    return st.tuples(st.just(key), st.one_of(kind, kind, kind, VALUES))
+NODES = {None: [{"CPU": 2.0, "memory": 4e9, "node:127.0.0.1": 1.0}],  # embedded: this machine
+         "head:6379": [{"CPU": 2.0, "GPU": 1.0}, {"CPU": 2.0, "node_a": 4.0, "slot": 2.0}]}
+
+
+@pytest.fixture
+def fake_ray(monkeypatch):
+    """Ray's view of a cluster without starting Ray: validation only asks it for its nodes."""
+    import ray
+
+    from distrl.runtime import ray_setup
+
+    address = {"now": None}
+    monkeypatch.setattr(ray_setup, "init_ray", lambda addr: address.update(now=addr))
+    monkeypatch.setattr(ray, "nodes", lambda: [{"Alive": True, "Resources": r} for r in NODES[address["now"]]])
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@example(mode="async", address=None, items=[("fault.role_timeout_s", 1e18)])
+@example(mode="sync", address="head:6379", items=[("fault.worker_timeout_s", 9.3e15)])
+@example(mode="async", address=None, items=[("async.window_s", 1e18)])
+@example(mode="sync", address="head:6379", items=[("placement.learner", {"GPU": 1, "node_a": 1})])
+@example(mode="async", address="head:6379", items=[("placement.workers_strategy", "pack"), ("workers", 3)])
+@given(mode=st.sampled_from(["sync", "async"]), address=st.sampled_from(sorted(NODES, key=str)),
+       items=st.lists(st.sampled_from(RAY_KEYS).flatmap(ray_item), min_size=1, max_size=2))
+def test_ray_only_values_validate_or_are_one_config_error(fake_ray, mode, address, items):
+    from distrl.api import validate
+    from distrl.config import ConfigError, load_config
+
+    overrides = [f"mode={mode}", "device=cpu", *(f"{key}={yaml_text(value)}" for key, value in items)]
+    try:
+        cfg = load_config(CARTPOLE, overrides)
+        validate(cfg, address)
+    except ConfigError as e:
+        assert str(e) and "\n" not in str(e), str(e)
+        return
+    # What validates reaches Ray's waits, which take int64 milliseconds.
+    for seconds in (cfg.fault.worker_timeout_s, cfg.fault.role_timeout_s, cfg.async_.window_s):
+        assert 0 <= seconds * 1000 < 2**62

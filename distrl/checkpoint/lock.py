@@ -21,7 +21,10 @@ class RunDirLock:
         self.fd: int | None = None
 
     def acquire(self) -> "RunDirLock":
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:  # a read-only or foreign directory: the user's choice of run dir
+            raise ConfigError(f"run dir {os.path.dirname(self.path)} is not writable: {e.strerror or e}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

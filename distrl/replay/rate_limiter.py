@@ -57,4 +57,9 @@ class RateLimiter:
     @staticmethod
     def deadlock_free(samples_per_insert: float, error_buffer: float, sample_items: int) -> bool:
         """Whether one side can always move while the other is blocked (see the module docstring)."""
-        return 2 * error_buffer >= samples_per_insert + sample_items
+        return error_buffer >= RateLimiter.smallest_error_buffer(samples_per_insert, sample_items)
+
+    @staticmethod
+    def smallest_error_buffer(samples_per_insert: float, sample_items: int) -> float:
+        """The least error buffer that is `deadlock_free` for these ratio and sample sizes."""
+        return (samples_per_insert + sample_items) / 2

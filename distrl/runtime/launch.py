@@ -35,24 +35,82 @@ def run_training(cfg: Config, run_dir: str, start_time: float, address: str | No
     A start-up failure (an unreachable cluster, an env that fails to build in a worker) leaves no
     run dir behind when this call created it, and a half-claimed one never.
     """
-    created = not os.path.exists(run_dir)
-    os.makedirs(run_dir, exist_ok=True)
-    lock = None
+    run_dir = os.path.abspath(run_dir)
+    created = make_run_dir(run_dir)
+    lock = roles = None
     try:
         lock = RunDirLock(run_dir).acquire()
-        roles = make_roles(cfg, run_dir, start_time, address)
+        if os.path.exists(os.path.join(run_dir, "config.yaml")):  # a run ended there since the caller looked
+            raise ConfigError(f"run dir {run_dir} already holds a run; choose another --run-dir")
+        roles = _start_roles(cfg, run_dir, start_time, address)
+        _write_config(cfg, run_dir)
     except BaseException:
-        if lock is not None:
-            lock.release()
-        if created:
-            shutil.rmtree(run_dir, ignore_errors=True)
+        try:
+            if roles is not None:
+                roles.close()
+        finally:
+            if lock is not None:  # only the lock's holder may remove it: a refused process never owns the dir
+                remove_created(created, run_dir)
+                lock.release()
         raise
     try:
-        with open(os.path.join(run_dir, "config.yaml"), "w") as fh:
-            fh.write(dump_yaml(cfg))
         return _drive(Driver(cfg, roles, run_dir, start_time), roles)
     finally:
         lock.release()
+
+
+def _start_roles(cfg: Config, run_dir: str, start_time: float, address: str | None) -> Roles:
+    try:
+        return make_roles(cfg, run_dir, start_time, address)
+    except MemoryError:  # the replay's arrays are what a start-up allocates in bulk
+        raise ConfigError(f"config key 'replay.capacity': this machine ran out of memory starting the run "
+                          f"with {cfg.replay.capacity} items; use a smaller capacity") from None
+
+
+def make_run_dir(run_dir: str) -> list[str]:
+    """Create `run_dir` and its missing parents; the directories this call created, outermost first.
+
+    Each is made with a plain mkdir, so of two processes racing for a new dir only one counts it as
+    its own. ConfigError naming the path when one cannot be made."""
+    missing, path = [], run_dir
+    while not os.path.isdir(path) and os.path.dirname(path) != path:
+        missing.append(path)
+        path = os.path.dirname(path)
+    created: list[str] = []
+    for path in reversed(missing):
+        try:
+            os.mkdir(path)
+        except FileExistsError:
+            if os.path.isdir(path):
+                continue  # another process made it just now: not ours to remove
+            remove_created(created, run_dir)
+            raise ConfigError(f"run dir {run_dir} cannot be created: {path} is a file, not a directory") from None
+        except OSError as e:
+            remove_created(created, run_dir)
+            raise ConfigError(f"run dir {run_dir} cannot be created: {path}: {e.strerror or e}") from None
+        created.append(path)
+    return created
+
+
+def remove_created(created: list[str], run_dir: str) -> None:
+    """Undo `make_run_dir`: the run dir with what this process wrote into it (if this process made it),
+    then the parents it made while they are empty (another run may have been started inside one)."""
+    for path in reversed(created):
+        if path == run_dir:
+            shutil.rmtree(path, ignore_errors=True)
+            continue
+        try:
+            os.rmdir(path)
+        except OSError:
+            return
+
+
+def _write_config(cfg: Config, run_dir: str) -> None:
+    try:
+        with open(os.path.join(run_dir, "config.yaml"), "w") as fh:
+            fh.write(dump_yaml(cfg))
+    except OSError as e:
+        raise ConfigError(f"run dir {run_dir}: cannot write config.yaml: {e.strerror or e}") from None
 
 
 # What a resume may change: how long and how the run goes on, not what the checkpoint's state is.
@@ -84,6 +142,7 @@ def flatten(d: dict, prefix: str = "") -> dict:
 
 def resume_run(run_dir: str, overrides: list[str], address: str | None, validate) -> dict:
     """Continue a run from its newest verified checkpoint as if it had never stopped (wall time included)."""
+    run_dir = os.path.abspath(run_dir)
     lock = RunDirLock(run_dir).acquire()  # a live run is refused before anything is read or written
     try:
         ckpt_path, state = load_latest(run_dir)

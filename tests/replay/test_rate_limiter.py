@@ -74,3 +74,24 @@ def test_the_default_buffer_is_one_gather_of_inserts_plus_one_learner_block_and_
 def test_one_fragment_per_gather_outside_sync(mode):
     cfg = load_config("configs/sac_lunarlander_continuous.yaml", [f"mode={mode}"])
     assert items_per_gather(cfg) == cfg.rollout.fragment_length * cfg.env.num_envs
+
+
+def drive(lim: RateLimiter, batch: int, steps: int = 20_000) -> bool:
+    """The learner samples a batch whenever it may, else the workers insert one item if one fits;
+    False as soon as neither side can move."""
+    for _ in range(steps):
+        if lim.can_sample(batch):
+            lim.samples += batch
+        elif lim.can_insert(1):
+            lim.inserts += 1
+        else:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("spi, batch", [(2.0, 10), (16.0, 512), (0.5, 3), (1.0, 1), (0.25, 256), (100.0, 1)])
+def test_the_smallest_error_buffer_never_stalls_and_half_of_it_does(spi, batch):
+    least = RateLimiter.smallest_error_buffer(spi, batch)
+    assert RateLimiter.deadlock_free(spi, least, batch) and not RateLimiter.deadlock_free(spi, least * 0.99, batch)
+    assert drive(RateLimiter(spi, 1, least), batch)
+    assert not drive(RateLimiter(spi, 1, least / 2), batch)

@@ -50,6 +50,93 @@ def test_a_live_run_dir_is_refused_to_a_second_train_and_to_resume(tmp_path, cap
         live.wait()
 
 
+def test_a_second_train_on_a_live_run_dir_is_refused_by_the_lock_itself(tmp_path, capsys):
+    """The dir holds nothing but the live owner's lock (no config.yaml yet: the owner's roles are starting)."""
+    from distrl.checkpoint.lock import RunDirLock
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    owner = RunDirLock(str(run_dir)).acquire()  # another open file: flock refuses it even in this process
+    try:
+        assert main(["train", CARTPOLE, "--mode", "single", "--run-dir", str(run_dir)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"is in use by another distrl process (pid {os.getpid()})" in err[0], err
+        assert os.listdir(run_dir) == [".lock"]
+    finally:
+        owner.release()
+
+
+def test_a_train_refused_by_the_lock_keeps_a_run_dir_it_made_for_the_run_that_holds_it(tmp_path, capsys, monkeypatch):
+    """Two trains race for a new dir: this one made it, the other took the lock first. The dir is the
+    other's live run now: the refused one must not remove it."""
+    from distrl.checkpoint.lock import RunDirLock
+    from distrl.runtime import launch
+
+    rival: list = []
+
+    class LosingLock(RunDirLock):
+        def acquire(self):
+            rival.append(RunDirLock(os.path.dirname(self.path)).acquire())  # the other train wins the race
+            return super().acquire()
+
+    monkeypatch.setattr(launch, "RunDirLock", LosingLock)
+    run_dir = tmp_path / "new" / "run"
+    try:
+        assert main(["train", CARTPOLE, "--mode", "single", "--run-dir", str(run_dir)]) == 2
+        assert "is in use by another distrl process" in capsys.readouterr().err
+        assert os.listdir(run_dir) == [".lock"]
+    finally:
+        rival[0].release()
+
+
+def test_a_start_up_failure_removes_the_dirs_this_train_made_and_nothing_else(tmp_path, capsys, monkeypatch):
+    from distrl.core import RoleLost
+    from distrl.runtime import launch
+
+    def no_roles(*args, **kwargs):
+        raise RoleLost("no node had room for the learner")
+
+    monkeypatch.setattr(launch, "make_roles", no_roles)
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "other").write_text("x")
+    assert main(["train", CARTPOLE, "--mode", "single", "--run-dir", str(tmp_path / "kept" / "a" / "b" / "run")]) == 1
+    assert "could not start: no node had room" in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == ["kept"] and os.listdir(tmp_path / "kept") == ["other"]
+
+
+def test_running_out_of_memory_while_starting_names_the_replay_capacity(tmp_path, capsys, monkeypatch):
+    from distrl.runtime import launch
+
+    def no_memory(*args, **kwargs):
+        raise MemoryError
+
+    monkeypatch.setattr(launch, "make_roles", no_memory)
+    run_dir = tmp_path / "run"
+    assert main(["train", CARTPOLE, "--mode", "single", "--run-dir", str(run_dir)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "config key 'replay.capacity': this machine ran out of memory" in err[0], err
+    assert not run_dir.exists()
+
+
+def test_the_run_dir_is_absolute_wherever_it_was_given_from(tmp_path, monkeypatch):
+    from distrl import train
+
+    monkeypatch.chdir(tmp_path)
+    summary = train(CARTPOLE, run_dir="rel/run", overrides=["mode=single", "stop.max_env_steps=256", *QUIET])
+    assert summary["run_dir"] == str(tmp_path / "rel" / "run")
+
+
+def test_the_worker_limit_counts_the_cpus_this_process_may_use(monkeypatch):
+    from distrl import api
+
+    if not hasattr(os, "sched_getaffinity"):
+        pytest.skip("no CPU affinity on this platform")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    assert api.usable_cpus() == 1
+    assert api.host_worker_limit() <= api.WORKERS_PER_CORE
+
+
 def test_default_run_dirs_of_runs_started_together_differ():
     from distrl.api import default_run_dir
     from distrl.config import load_config
