@@ -126,8 +126,9 @@ def test_placement_section_takes_resources_per_role_and_defaults_to_ray_scheduli
     cfg = load_config(None, ["placement.learner={GPU: 1}", "placement.workers={worker_node: 1}"])
     assert cfg.placement.learner == {"GPU": 1} and cfg.placement.workers == {"worker_node": 1}
     assert cfg.placement.replay == {} and cfg.placement.workers_strategy == "default"
-    with pytest.raises(ConfigError, match="placement.workers_strategy': must be one of default, spread"):
-        load_config(None, ["placement.workers_strategy=pack"])
+    assert load_config(None, ["placement.workers_strategy=pack"]).placement.workers_strategy == "pack"
+    with pytest.raises(ConfigError, match="placement.workers_strategy': must be one of default, spread, pack"):
+        load_config(None, ["placement.workers_strategy=turbo"])
 
 
 @pytest.mark.parametrize("amount", ["-1", "0", "1.5", "abc", "true", ".nan"])
@@ -166,6 +167,29 @@ def test_a_placement_the_cluster_cannot_host_names_the_role_and_resource(monkeyp
     fake_cluster(monkeypatch, {"CPU": 2}, {"CPU": 2, "slot": 2})
     with pytest.raises(ConfigError, match=message):
         check_placement(load_config(None, ["device=cpu"] + overrides), "head:6379")
+
+
+def test_resources_no_single_node_holds_together_are_refused_naming_the_role(monkeypatch):
+    """Each resource exists somewhere, but not on one node: Ray would leave the learner pending."""
+    from distrl.runtime.ray_setup import check_placement
+
+    fake_cluster(monkeypatch, {"CPU": 2, "GPU": 1}, {"CPU": 2, "node_a": 1})
+    with pytest.raises(ConfigError, match=r"^config key 'placement.learner': learner asks for CPU: 1, GPU: 1, "
+                                          r"node_a: 1 per actor; no single node of the cluster at head:6379 has"):
+        check_placement(load_config(None, ["device=cpu", "placement.learner={GPU: 1, node_a: 1}"]), "head:6379")
+    fake_cluster(monkeypatch, {"CPU": 2, "GPU": 1}, {"CPU": 2, "node_a": 1, "GPU": 1})
+    check_placement(load_config(None, ["device=cpu", "placement.learner={GPU: 1, node_a: 1}"]), "head:6379")
+
+
+def test_the_placement_of_a_role_the_run_does_not_start_is_not_checked(monkeypatch):
+    from distrl.runtime.ray_setup import check_placement
+
+    fake_cluster(monkeypatch, {"CPU": 2}, {"CPU": 2})
+    check_placement(load_config(None, ["device=cpu", "placement.inference={nope: 1}",
+                                       "placement.gradient_workers={nope: 1}"]), "head:6379")
+    with pytest.raises(ConfigError, match="'placement.inference': inference asks for nope: 1"):
+        check_placement(load_config(None, ["device=cpu", "placement.inference={nope: 1}",
+                                           "rollout.inference=central"]), "head:6379")
 
 
 def test_a_placement_the_cluster_can_host_passes(monkeypatch):

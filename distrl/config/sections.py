@@ -130,5 +130,6 @@ class PlacementConfig:
     gradient_workers: dict = f({}, "Ray resources each gradient worker asks for (ignored in single mode)")
     inference: dict = f({}, "Ray resources the inference server asks for (rollout.inference: central)")
     workers_strategy: str = f("default", "how Ray places the workers: default (Ray's own: fill a node up to half its "
-                              "resources, then the next) | spread (Ray's SPREAD: round-robin over the nodes)",
-                              choices=("default", "spread"))
+                              "resources, then the next) | spread (Ray's SPREAD: round-robin over the nodes) | "
+                              "pack (one placement group bundle each, on as few nodes as hold them)",
+                              choices=("default", "spread", "pack"))

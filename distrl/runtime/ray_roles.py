@@ -19,7 +19,7 @@ from distrl.roles.factory import resolve_device, trace_settings
 from distrl.runtime.actors import Evaluator, GradientWorker, Learner, ParameterServer, ReplayServer, RolloutWorker
 from distrl.runtime.inference import InferenceServer
 from distrl.runtime.ray_setup import (ACTOR_GONE, actor_options, heap_runtime_env, in_bundle, init_ray, next_to,
-                                     role_count, role_resources, spread_group)
+                                     pack_group, role_count, role_resources, spread_group)
 from distrl.runtime.watch import RoleWatch
 from distrl.runtime.workers import WorkerPool
 
@@ -82,8 +82,11 @@ class RayRoles(Roles):
                                f.role_timeout_s)
         if address:  # the roles hold their CPUs before workers ask: a worker on the learner's node could take them
             self._wait_for_roles()
-        spread = {"scheduling_strategy": "SPREAD"} if cfg.placement.workers_strategy == "spread" else {}
-        workers = [RolloutWorker.options(**place["workers"], **spread, max_restarts=f.max_worker_restarts + 1,
+        strategy = cfg.placement.workers_strategy  # pack needs a group: Ray has no per-actor PACK strategy
+        self.worker_group = pack_group(wanted["workers"], cfg.workers, f.role_timeout_s) if strategy == "pack" else None
+        spread = {"scheduling_strategy": "SPREAD"} if strategy == "spread" else {}
+        where = [in_bundle(self.worker_group, i) if self.worker_group else spread for i in range(cfg.workers)]
+        workers = [RolloutWorker.options(**place["workers"], **where[i], max_restarts=f.max_worker_restarts + 1,
                                          max_task_retries=0).remote(d, i, cfg.workers, self.ps, *self.inference)
                    for i in range(cfg.workers)]
         self.pool = WorkerPool(workers, cfg)
@@ -318,5 +321,6 @@ class RayRoles(Roles):
     def close(self) -> None:
         for actor in self.actors():
             ray.kill(actor)
-        if self.group is not None:
-            remove_placement_group(self.group)
+        for group in (self.group, getattr(self, "worker_group", None)):  # _start may have failed before either
+            if group is not None:
+                remove_placement_group(group)

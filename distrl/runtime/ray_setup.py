@@ -93,23 +93,44 @@ def spread_group(resources: dict[str, float], count: int, timeout_s: float, stri
     releasing their CPUs) made it pack two bundles onto one node. STRICT_SPREAD waits for them; it falls
     back to SPREAD after `strict_grace_s` (another run holds the nodes) or when too few nodes fit one
     bundle. Ray re-places a bundle whose node dies and restarts its actor there."""
+    bundle = {k: v for k, v in resources.items() if v > 0}
+    fitting = sum(1 for n in ray.nodes() if n["Alive"] and fits(n["Resources"], bundle))
+    if bundle and count > 1 and fitting >= count:
+        group = reserve(bundle, count, "STRICT_SPREAD", min(strict_grace_s, timeout_s))
+        if group is not None:
+            return group
+    return reserve(bundle, count, "SPREAD", timeout_s, "the gradient workers'")
+
+
+def pack_group(resources: dict[str, float], count: int, timeout_s: float):
+    """A PACK placement group for the rollout workers: `count` bundles of `resources` on as few nodes as
+    hold them (Ray has no per-actor PACK strategy). None when a worker asks for nothing (embedded: one
+    node, nothing to reserve). A worker restarted by Ray goes back into its bundle."""
+    return reserve(resources, count, "PACK", timeout_s, "the workers'")
+
+
+def reserve(resources: dict[str, float], count: int, strategy: str, timeout_s: float, whose: str | None = None):
+    """A placement group of `count` bundles of `resources` (its positive amounts) once Ray has reserved
+    it; None when one asks for nothing. Not reserved within `timeout_s`: nothing is left reserved, and
+    it is None, or RoleLost naming `whose` bundles when given."""
     from ray.util.placement_group import placement_group, remove_placement_group
 
     bundle = {k: v for k, v in resources.items() if v > 0}
     if not bundle or count < 1:
         return None
-    fitting = sum(1 for n in ray.nodes() if n["Alive"] and all(n["Resources"].get(k, 0) >= v for k, v in bundle.items()))
-    if count > 1 and fitting >= count:
-        group = placement_group([dict(bundle) for _ in range(count)], strategy="STRICT_SPREAD")
-        if group.wait(timeout_seconds=min(strict_grace_s, timeout_s)):
-            return group
-        remove_placement_group(group)
-    group = placement_group([dict(bundle) for _ in range(count)], strategy="SPREAD")
-    if not group.wait(timeout_seconds=timeout_s):
-        remove_placement_group(group)
-        raise RoleLost(f"the gradient workers' {count} bundles of {bundle} could not be reserved within "
-                       f"{timeout_s:g} s (other jobs hold the resources)")
-    return group
+    group = placement_group([dict(bundle) for _ in range(count)], strategy=strategy)
+    if group.wait(timeout_seconds=timeout_s):
+        return group
+    remove_placement_group(group)
+    if whose is None:
+        return None
+    raise RoleLost(f"{whose} {count} bundles of {bundle} could not be reserved within {timeout_s:g} s "
+                   f"(other jobs hold the resources)")
+
+
+def fits(node: dict[str, float], asks: dict[str, float]) -> bool:
+    """Whether a node offering `node` (Ray's per-node resources) can hold one actor asking for `asks`."""
+    return all(node.get(k, 0.0) >= v for k, v in asks.items() if v > 0)
 
 
 @ray.remote(num_cpus=0)
@@ -135,7 +156,7 @@ def next_to(options: dict, timeout_s: float) -> dict:
 
 def _asks(options: dict) -> str:
     asked = {"CPU": options.get("num_cpus", 0), "GPU": options.get("num_gpus", 0), **options.get("resources", {})}
-    return ", ".join(f"{k}: {v:g}" for k, v in asked.items() if v)
+    return _listed({k: v for k, v in asked.items() if v})
 
 
 def in_bundle(group, index: int) -> dict:
@@ -148,9 +169,10 @@ def in_bundle(group, index: int) -> dict:
 
 
 def check_placement(cfg, address: str | None) -> None:
-    """ConfigError naming the role and the resource when the cluster cannot host a role's actors (no node
-    offers enough of a resource, or all the roles together need more than the cluster has): Ray itself
-    would leave such an actor pending for ever. Joins (or starts) the Ray the run will use."""
+    """ConfigError naming the role and the resources when the cluster cannot host a role's actors (no
+    node offers enough of a resource, no one node offers all that one actor asks for together, or all
+    the roles together need more than the cluster has): Ray itself would leave such an actor pending
+    for ever. Joins (or starts) the Ray the run will use."""
     from distrl.roles.factory import resolve_device
 
     wanted = role_resources(cfg, bool(address), resolve_device(cfg.device))
@@ -161,20 +183,28 @@ def check_placement(cfg, address: str | None) -> None:
     where = f"the cluster at {address}" if address else "the embedded Ray (no --address)"
     needed: dict[str, float] = {}
     for role in ROLES:
-        count = role_count(cfg, role)
-        for name, amount in wanted[role].items():
-            if amount <= 0:
-                continue
+        count, asks = role_count(cfg, role), {k: v for k, v in wanted[role].items() if v > 0}
+        if not count:
+            continue  # the role starts no actor in this run: its placement is not used
+        for name, amount in asks.items():
             most = max((node.get(name, 0.0) for node in nodes), default=0.0)
             if most < amount:
                 offered = f"at most {most:g} on one node" if most else "no node offering it"
                 raise ConfigError(f"config key 'placement.{role}': {role} asks for {name}: {amount:g} per actor; "
                                   f"{where} has {offered}")
+        if not any(fits(node, asks) for node in nodes):
+            raise ConfigError(f"config key 'placement.{role}': {role} asks for {_listed(asks)} per actor; no "
+                              f"single node of {where} has all of that")
+        for name, amount in asks.items():
             needed[name] = needed.get(name, 0.0) + amount * count
             total = sum(node.get(name, 0.0) for node in nodes)
             if needed[name] > total + 1e-9:
                 raise ConfigError(f"config key 'placement.{role}': the roles up to {role} need {name}: "
                                   f"{needed[name]:g} in all; {where} has {total:g}")
+
+
+def _listed(asks: dict[str, float]) -> str:
+    return ", ".join(f"{k}: {v:g}" for k, v in asks.items())
 
 
 def heap_runtime_env() -> dict:

@@ -1,5 +1,5 @@
-"""Runs on a real multi-node Ray cluster on this machine: placement per role, spread workers, a refused
-placement, and a node lost (and another joining) mid-run.
+"""Runs on a real multi-node Ray cluster on this machine: placement per role, spread and packed workers, a
+refused placement, and a node lost (and another joining) mid-run.
 
 One `ray.cluster_utils.Cluster` (a head and two more nodes, each with its own custom resource) serves
 the whole module. The session's embedded Ray (`ray_session`) is shut down first and started again at
@@ -93,7 +93,23 @@ def test_sync_run_puts_every_role_on_the_node_its_placement_asks_for(cluster, tm
     assert sorted(workers) == sorted([ids["a"], ids["a"], ids["b"], ids["b"]])  # two slots on each
 
 
+def held_resources() -> tuple[dict, list]:
+    """(what actors hold of each resource the cluster has, the placement groups' bundle resources)."""
+    total, free = ray.cluster_resources(), ray.available_resources()
+    held = {k: total[k] - free.get(k, 0.0) for k in ("CPU", "head_node", "node_a", "node_b", "worker_slot") if k in total}
+    return held, [k for k in total if "_group_" in k]  # a placement group's bundles show up as resources
+
+
+def wait_until_idle(timeout_s: float = 30.0) -> None:
+    """Until the previous test's actors have released what they held (Ray frees a killed actor's CPUs
+    asynchronously): placement decided meanwhile would see busy nodes."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline and (any(held_resources()[0].values()) or held_resources()[1]):
+        time.sleep(0.25)
+
+
 def test_async_run_spreads_its_workers_over_the_nodes(cluster, tmp_path):
+    wait_until_idle()
     run_dir = str(tmp_path / "run")
     summary = train(CARTPOLE, run_dir=run_dir, address=cluster.address, overrides=QUICK + [
         "mode=async", "workers=3", "stop.max_env_steps=3000", "placement.workers_strategy=spread",
@@ -104,7 +120,55 @@ def test_async_run_spreads_its_workers_over_the_nodes(cluster, tmp_path):
     ids, where = node_ids(cluster), placed(run_dir)
     assert (where["learner"], where["replay"], where["evaluator"], where["parameter server"]) == (
         ids["b"], ids["head"], ids["a"], ids["head"])
-    assert len({where[f"worker {i}"] for i in range(3)}) > 1
+    # Three workers, three nodes with a free CPU each (the learner holds one of node b's two): one per node.
+    assert sorted(where[f"worker {i}"] for i in range(3)) == sorted(ids.values())
+
+
+def test_async_run_packs_its_workers_onto_one_node_and_removes_their_group_at_the_end(cluster, tmp_path):
+    """Two workers, each wanting a worker slot (two on node a, two on node b): pack puts both on one node."""
+    from ray.util.placement_group import placement_group_table
+
+    wait_until_idle()
+    run_dir = str(tmp_path / "run")
+    summary = train(CARTPOLE, run_dir=run_dir, address=cluster.address, overrides=QUICK + [
+        "mode=async", "workers=2", "stop.max_env_steps=1500", "placement.workers_strategy=pack",
+        "placement.workers={worker_slot: 1}", "placement.learner={head_node: 1}"])
+    assert summary["stop_reason"] == "max_env_steps", summary
+    ids, where = node_ids(cluster), placed(run_dir)
+    assert where["worker 0"] == where["worker 1"] in (ids["a"], ids["b"]), where
+    assert all(g["state"] == "REMOVED" for g in placement_group_table().values())
+
+
+@ray.remote
+class _Restartable:
+    def where(self) -> tuple[int, str]:
+        return os.getpid(), ray.get_runtime_context().get_node_id()
+
+
+def test_a_worker_restarted_by_ray_goes_back_into_its_pack_bundle(cluster):
+    """The options RayRoles gives a packed worker (its bundle of the group): Ray restarts it there."""
+    from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
+    from ray.util.placement_group import placement_group_table, remove_placement_group
+
+    from distrl.runtime.ray_setup import in_bundle, pack_group
+
+    wait_until_idle()
+    group = pack_group({"CPU": 1.0, "worker_slot": 1.0}, 2, timeout_s=30)
+    try:
+        bundle_nodes = set(placement_group_table(group)["bundles_to_node_id"].values())
+        actor = _Restartable.options(num_cpus=1, resources={"worker_slot": 1}, max_restarts=1,
+                                     **in_bundle(group, 1)).remote()
+        pid, node = ray.get(actor.where.remote(), timeout=60)
+        ray.kill(actor, no_restart=False)  # dies as a crashed process would: Ray restarts it
+        deadline, again = time.time() + 60, (pid, node)
+        while again[0] == pid and time.time() < deadline:
+            try:
+                again = ray.get(actor.where.remote(), timeout=10)
+            except (RayActorError, ActorUnavailableError, GetTimeoutError):
+                time.sleep(0.2)
+        assert again[0] != pid and len(bundle_nodes) == 1 and node == again[1] in bundle_nodes
+    finally:
+        remove_placement_group(group)
 
 
 def test_ppo_with_two_gradient_workers_on_two_nodes_solves_cartpole(cluster, tmp_path):
@@ -169,14 +233,8 @@ def test_a_run_whose_learner_cannot_start_in_time_is_one_line_and_leaves_nothing
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "could not start" in lines[0] and "learner" in lines[0], err
     assert not run_dir.exists()
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        total, free = ray.cluster_resources(), ray.available_resources()
-        held = {k: total[k] - free.get(k, 0.0) for k in ("CPU", "head_node", "node_a", "node_b", "worker_slot")}
-        groups = [k for k in total if "_group_" in k]  # a placement group's bundles show up as resources
-        if not any(held.values()) and not groups:
-            break
-        time.sleep(0.5)
+    wait_until_idle()
+    held, groups = held_resources()
     assert not any(held.values()) and not groups, (held, groups)
 
 
@@ -241,8 +299,12 @@ def lose_node_b_then_add_node_c(cluster, run_dir: str, log: dict) -> None:
     log["node_c"] = join_node(cluster.address, {"node_c": 1, "worker_slot": 1})
     back = len(wait_for(run_dir, lambda rows: rows[-1]["worker_restarts"] >= 1, deadline))
     wait_for(run_dir, lambda rows: len(rows) >= back + 3 and rows[-1]["best_eval_return"] >= SOLVED, deadline)
-    if "summary" not in log:  # the run is still going (never interrupt pytest itself)
-        os.kill(os.getpid(), signal.SIGINT)
+    # As a Ctrl-C would, but by calling the run's own SIGINT handler from this thread: a signal sent to
+    # this process once the run has ended (and restored pytest's handler) would interrupt pytest itself.
+    # Called after the run ended, the handler only flags a driver that is done.
+    handler = signal.getsignal(signal.SIGINT)
+    if getattr(handler, "__module__", None) == "distrl.runtime.launch":
+        handler(signal.SIGINT, None)
 
 
 def test_a_lost_node_costs_its_workers_and_a_node_joining_later_takes_them_back(cluster, tmp_path):
