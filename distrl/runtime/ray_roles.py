@@ -35,6 +35,7 @@ class RayRoles(Roles):
         self.group, self.pool, self.gradient_workers, self.inference = None, None, [], []
         self.learner = self.evaluator = self.replay = self.ps = None
         self.replay_refilled = 0  # items restarted replay servers got back from checkpoints
+        self.learner_state = None  # what a restarted learner is restored to (set once the roles are up)
         try:
             self._start(cfg, run_dir, start_time, address, eval_resume)
         except BaseException:  # nothing of a run that failed to start stays on the cluster
@@ -92,9 +93,9 @@ class RayRoles(Roles):
         self.pool = WorkerPool(workers, cfg)
         if not address:  # embedded, no role reserves a CPU: workers start alongside the roles
             self._wait_for_roles()
-        ray.get(self.learner.publish.remote())  # version 0 exists before any worker acts
+        self._get(self.learner.publish.remote())  # version 0 exists before any worker acts
         # What a restarted learner is restored to: the newest checkpoint's state, or this one before it.
-        self.learner_state = ray.get(self.learner.get_state.remote())
+        self.learner_state = self._get(self.learner.get_state.remote())
 
     def _wait_for_roles(self) -> None:
         for name in self.watch.actors:  # their processes start in parallel; wait once for all
@@ -190,7 +191,7 @@ class RayRoles(Roles):
 
     def _recover(self, name: str) -> None:
         """A role came back as a new process: put it back in the run."""
-        if name == "learner":
+        if name == "learner" and self.learner_state is not None:
             # Its in-flight calls died with it; its state goes back to the newest checkpoint's, and its
             # weights replace those of the updates that were lost.
             self.train_calls.clear()
