@@ -108,6 +108,35 @@ def wait_until_idle(timeout_s: float = 30.0) -> None:
         time.sleep(0.25)
 
 
+def test_a_replay_server_on_another_node_is_refilled_through_the_driver(cluster, tmp_path):
+    """The replay server runs on node a, the driver on the head: after its restart the driver reads the
+    newest checkpoint's store and sends it (no disk is shared in principle)."""
+    from distrl.config import load_config
+    from distrl.runtime.driver import Driver
+    from distrl.runtime.ray_roles import RayRoles
+
+    wait_until_idle()
+    run_dir = str(tmp_path / "run")
+    os.makedirs(run_dir)
+    cfg = load_config(CARTPOLE, QUICK + ["mode=async", "workers=1", "placement.replay={node_a: 1}"])
+    roles = RayRoles(cfg, run_dir, time.time(), address=cluster.address)
+    try:
+        assert not roles.replay_on_driver_node()
+        driver = Driver(cfg, roles, run_dir, time.time())
+        while driver.c.inserts < 2000:
+            driver._count_fragments(roles.gather(True))
+        driver._checkpoint()
+        pid = ray.get(roles.replay.pid.remote(), timeout=30)
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.time() + 60
+        while roles.restarts().replay == 0 and time.time() < deadline:
+            roles.gather(True)
+            time.sleep(0.1)
+        assert roles.restarts().replay == 1 and roles.replay_refilled >= 2000
+    finally:
+        roles.close()
+
+
 def test_async_run_spreads_its_workers_over_the_nodes(cluster, tmp_path):
     wait_until_idle()
     run_dir = str(tmp_path / "run")
