@@ -148,11 +148,14 @@ def test_default_run_dirs_of_runs_started_together_differ():
 
 def test_a_second_interrupt_ends_the_run_at_once_and_one_sigterm_ends_it_cleanly(tmp_path):
     """The second SIGINT 50 ms after the first lands while the run waits; 100 ms after, while it writes
-    its last checkpoint. Either way summary.json is written."""
-    for name, signals, gap_s in (("twice", [signal.SIGINT, signal.SIGINT], 0.05),
-                                 ("twice-later", [signal.SIGINT, signal.SIGINT], 0.1), ("term", [signal.SIGTERM], 0)):
+    its last checkpoint. Either way summary.json is written. In sync mode too, where the driver waits on
+    its Ray actors."""
+    for name, signals, gap_s, mode in (("twice", [signal.SIGINT, signal.SIGINT], 0.05, "single"),
+                                       ("twice-later", [signal.SIGINT, signal.SIGINT], 0.1, "single"),
+                                       ("term", [signal.SIGTERM], 0, "single"),
+                                       ("sync-twice", [signal.SIGINT, signal.SIGINT], 0.05, "sync")):
         run_dir = str(tmp_path / name)
-        proc = start_training(run_dir)
+        proc = start_training(run_dir, "--mode", mode)
         wait_for(lambda: os.path.exists(os.path.join(run_dir, "metrics.csv")))
         time.sleep(1.0)
         t0 = time.time()
