@@ -316,9 +316,6 @@ class RayRoles(Roles):
         roles = (self.learner, self.evaluator, self.replay, self.ps)
         return [*self.workers, *(a for a in roles if a is not None), *self.gradient_workers, *self.inference]
 
-    def worker_pids(self) -> list[int]:
-        return self.pool.pids_now()
-
     def close(self) -> None:
         for actor in self.actors():
             ray.kill(actor)

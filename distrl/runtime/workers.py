@@ -81,6 +81,3 @@ class WorkerPool:
 
     def all_lost(self) -> bool:
         return len(self.lost) == len(self.workers)
-
-    def pids_now(self) -> list[int]:
-        return ray.get([w.pid.remote() for w in self.workers])

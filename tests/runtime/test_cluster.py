@@ -55,4 +55,4 @@ def test_learner_and_replay_server_run_on_jemalloc(checkpointed):
     roles, _ = checkpointed
     assert _maps(ray.get(roles.learner.pid.remote()), "libjemalloc")
     assert _maps(roles.watch.pids["replay"], "libjemalloc")
-    assert not _maps(roles.worker_pids()[0], "libjemalloc")
+    assert not _maps(ray.get(roles.workers[0].pid.remote()), "libjemalloc")
