@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from distrl.cli import main
 from distrl.config import Config
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CARTPOLE = os.path.join(ROOT, "configs", "apex_dqn_cartpole.yaml")
 TINY = ["stop.max_env_steps=512", "stop.max_seconds=30", "log.progress=false", "log.tensorboard=false",
         "eval.episodes=2", "mode=single"]

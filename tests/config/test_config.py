@@ -6,7 +6,7 @@ import typing
 import pytest
 
 from distrl.config import Config, ConfigError, describe, dump_yaml, from_dict, load_config, read_yaml
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.yaml")))
 
