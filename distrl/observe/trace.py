@@ -1,11 +1,12 @@
-"""What every process does, over time: a cheap per-process recorder, the trace.json writer, its checker.
+"""What every process does, over time: a cheap per-process recorder and the trace.json writer.
 
 Each process owns one `Tracer` (`configure` / `tracer`); recording appends a small tuple
 (ph, ts_us, dur_us, name, cat or flow id, thread, args) to a bounded ring, so a long run keeps its
 newest events and counts the lost ones. The driver collects every process's `drain()` (plain Python:
 it travels through Ray, which this module never imports) and `write_trace` makes one Chrome
-trace-event file (Perfetto, chrome://tracing), timed from the run's start; `validate_trace` checks
-what the writer promises and the `timeline` / `report` commands rely on.
+trace-event file (Perfetto, chrome://tracing), timed from the run's start. The writer repairs what
+recording got wrong (overlapping spans, unpaired flows) and counts every repair in `otherData`;
+`distrl.observe.trace_check.validate_trace` checks the result.
 """
 from __future__ import annotations
 
@@ -23,11 +24,13 @@ ROLE_ALIASES = {"ps": "parameter server", "param server": "parameter server", "p
 # evaluator, then the rest (gradient workers).
 ROLE_ORDER = {"driver": 0, "main": 0, "learner": 1, "replay": 2, "parameter server": 3, "inference": 4, "worker": 5,
               "evaluator": 6}
-MAX_PROBLEMS = 50  # validate_trace stops listing after this many: one broken writer floods otherwise
 
 
 def _now_us() -> int:
-    return time.time_ns() // 1000  # wall clock, so processes on one host (and NTP-synced hosts) line up
+    # Wall clock, so processes on one host (and NTP-synced hosts) line up. The same float clock and
+    # rounding as `complete()` (which callers time with time.time()), so a child never ends a
+    # microsecond after its parent by rounding alone.
+    return int(time.time() * 1e6)
 
 
 class _NoSpan:
@@ -75,7 +78,9 @@ class Tracer:
                  capacity: int = 100_000, node: str | None = None):
         self.role, self.index, self.enabled = role, index, enabled
         self.capacity = max(1, int(capacity))
-        self.node = node or socket.gethostname()
+        # `node`: the Ray node id when the process runs under Ray (several Ray nodes can share one
+        # host); the host name is recorded always, so a machine is recognisable in every mode.
+        self.node, self.host = node, socket.gethostname()
         self.dropped = 0
         self._ring: collections.deque = collections.deque(maxlen=self.capacity)
         self._open: dict[int, tuple] = {}  # begin() tokens not yet ended
@@ -91,14 +96,16 @@ class Tracer:
     def span(self, name: str, cat: str, **args):
         return _Span(self, name, cat, args) if self.enabled else _NO_SPAN
 
-    def begin(self, name: str, cat: str) -> int | None:
+    def begin(self, name: str, cat: str, track: str | None = None) -> int | None:
+        """Open a span that `end(token)` closes. `track` names a lane of its own in this process, for
+        a state that outlasts what the thread does meanwhile (spans on a thread must nest)."""
         if not self.enabled:
             return None
         if len(self._open) >= self.capacity:  # ends that never come must not grow memory forever
             self._open.pop(next(iter(self._open)))
             self.dropped += 1
         token = next(self._tokens)
-        self._open[token] = (name, cat, _now_us(), threading.get_ident())
+        self._open[token] = (name, cat, _now_us(), track or threading.get_ident())
         return token
 
     def end(self, token, **args) -> None:
@@ -110,7 +117,8 @@ class Tracer:
     def complete(self, name: str, cat: str, start_s: float, dur_s: float, **args) -> None:
         """A span timed by the caller: `start_s` from time.time(), `dur_s` in seconds."""
         if self.enabled:
-            self._push(("X", int(start_s * 1e6), max(0, int(dur_s * 1e6)), name, cat,
+            ts = int(start_s * 1e6)  # the end rounded as _now_us() would round it then
+            self._push(("X", ts, max(0, int((start_s + dur_s) * 1e6) - ts), name, cat,
                         threading.get_ident(), args or None))
 
     def instant(self, name: str, cat: str, **args) -> None:
@@ -132,8 +140,9 @@ class Tracer:
         ring, self._ring = self._ring, collections.deque(maxlen=self.capacity)
         events, (dropped, self.dropped) = list(ring), (self.dropped, 0)
         live = {t.ident: (t.native_id, t.name) for t in threading.enumerate()}
+        live.update({e[5]: (None, e[5]) for e in events if isinstance(e[5], str)})  # begin(track=...)
         threads = {e[5]: live[e[5]] for e in events if e[5] in live}
-        meta = {"role": self.role, "index": self.index, "pid": os.getpid(), "node": self.node,
+        meta = {"role": self.role, "index": self.index, "pid": os.getpid(), "node": self.node, "host": self.host,
                 "dropped": dropped, "capacity": self.capacity, "threads": threads}
         return {"meta": meta, "events": events}
 
@@ -194,7 +203,8 @@ def _thread_ids(pid: int, meta: dict, events: list) -> dict:
 
 
 def _nest(spans: list[dict]) -> int:
-    """Clip spans that outlast their parent on the same thread (clock rounding, mixed timers)."""
+    """Clip spans that outlast their parent on the same thread; how many were clipped (0 when recording
+    is right: a thread's spans nest by construction, and every stamp comes from one clock)."""
     clipped, stacks = 0, {}
     for ev in sorted(spans, key=lambda e: (e["tid"], e["ts"], -e["dur"])):
         stack = stacks.setdefault(ev["tid"], [])
@@ -206,7 +216,18 @@ def _nest(spans: list[dict]) -> int:
     return clipped
 
 
-def _bound(halves: list[dict], spans: list[dict]) -> list[dict]:
+def _out_of_order(events: list[tuple]) -> int:
+    """Events that end before an event their thread recorded earlier. A thread records each event when
+    it ends, so this is 0 unless the wall clock stepped back or a caller timed a span wrongly."""
+    last, late = {}, 0
+    for ph, ts, dur, _, _, thread, _ in events:
+        end = ts + dur
+        late += end < last.get(thread, end)
+        last[thread] = max(end, last.get(thread, end))
+    return late
+
+
+def bound_halves(halves: list[dict], spans: list[dict]) -> list[dict]:
     """Flow halves that lie inside a span on their thread (the slice they bind to)."""
     out, stacks = [], {}
     items = sorted([(e["tid"], e["ts"], 0, e) for e in spans] + [(h["tid"], h["ts"], 1, h) for h in halves],
@@ -222,33 +243,44 @@ def _bound(halves: list[dict], spans: list[dict]) -> list[dict]:
     return out
 
 
-def _pair_flows(halves: list[dict]) -> tuple[list[dict], int]:
-    """(paired events, halves left alone): each consumer gets its producer (the newest one not after
-    it) under a fresh id, so one publish pulled by many workers draws an arrow to each of them."""
+def _pair_flows(halves: list[dict]) -> tuple[list[dict], dict[str, int], int]:
+    """(paired events, starts no consumer took per flow kind, ends whose producer is not in the trace).
+    Each consumer gets its producer (the newest one not after it) under a fresh id, so one publish
+    pulled by many workers draws an arrow to each of them."""
     by_key: dict[tuple, dict] = {}
     for h in halves:
         by_key.setdefault((h["cat"], h["id"]), {"s": [], "f": []})[h["ph"]].append(h)
-    out, ids, lone = [], itertools.count(1), 0
-    for group in by_key.values():
+    out, ids, unconsumed, orphans = [], itertools.count(1), {}, 0
+    for (cat, _), group in by_key.items():
         outs = sorted(group["s"], key=lambda h: h["ts"])
-        if not outs or not group["f"]:
-            lone += len(outs) + len(group["f"])
-        for f in group["f"] if outs else []:
+        if not outs:
+            orphans += len(group["f"])
+            continue
+        taken = set()
+        for f in group["f"]:
             earlier = [s for s in outs if s["ts"] <= f["ts"]]
             s = earlier[-1] if earlier else outs[0]
+            taken.add(id(s))
             flow_id = next(ids)
             out += [dict(s, id=flow_id), dict(f, id=flow_id, bp="e")]
-    return out, lone
+        if len(outs) > len(taken):
+            unconsumed[cat] = unconsumed.get(cat, 0) + len(outs) - len(taken)
+    return out, unconsumed, orphans
 
 
-def _process_events(pid: int, proc: dict, origin: int) -> tuple[list, list, list, int]:
-    """(metadata, spans and instants, flow halves, spans clipped) of one process, ts relative to origin."""
+def _labels(meta: dict, pid: int) -> str:
+    node = f"node {meta['node']}, " if meta.get("node") else ""
+    return f"{node}host {meta.get('host') or 'unknown'}, pid {pid}"
+
+
+def _process_events(pid: int, proc: dict, origin: int) -> tuple[list, list, list, dict]:
+    """(metadata, spans and instants, bound flow halves, repair counts) of one process, ts from origin."""
     meta, events = proc["meta"], proc["events"]
     name = process_name(meta["role"], meta.get("index"))
     role, index = split_name(name)
     tids = _thread_ids(pid, meta, events)
     head = [{"ph": "M", "pid": pid, "tid": pid, "name": key, "args": {field: value}} for key, field, value in (
-        ("process_name", "name", name), ("process_labels", "labels", f"node {meta.get('node')}, pid {pid}"),
+        ("process_name", "name", name), ("process_labels", "labels", _labels(meta, pid)),
         ("process_sort_index", "sort_index", _sort_index(role, index)))]
     head += [{"ph": "M", "pid": pid, "tid": tid, "name": "thread_name", "args": {"name": tname}}
              for tid, tname in tids.values()]
@@ -264,8 +296,11 @@ def _process_events(pid: int, proc: dict, origin: int) -> tuple[list, list, list
             else:
                 ev["s"] = "t"  # an instant scoped to its thread
             body.append(ev)
-    clipped = _nest([e for e in body if e["ph"] == "X"])
-    return head, body, _bound(halves, [e for e in body if e["ph"] == "X"]), clipped
+    spans = [e for e in body if e["ph"] == "X"]
+    repairs = {"events_out_of_order": _out_of_order(events), "spans_clipped": _nest(spans)}
+    bound = bound_halves(halves, spans)
+    repairs["flow_halves_unbound"] = len(halves) - len(bound)
+    return head, body, bound, repairs
 
 
 def _order(ev: dict) -> tuple:
@@ -278,123 +313,31 @@ def _json_default(obj):
 
 
 def write_trace(path: str, drained: list[dict], start_time: float, extra: dict | None = None) -> None:
-    """Merge the processes' drains into one trace-event JSON file at `path` (written atomically)."""
+    """Merge the processes' drains into one trace-event JSON file at `path` (written atomically).
+
+    `otherData` counts what the file lacks or the writer changed: `dropped` (per process, events its
+    ring evicted), `events_out_of_order`, `spans_clipped`, `flow_halves_unbound` (a flow half in no
+    span of its thread), `flow_ends_orphaned` (a consumer whose producer is not in the trace),
+    `flow_starts_unconsumed` (per flow kind: a fragment still in flight at the end, a publish no one
+    pulled) and `flow_halves_dropped`, every half not drawn."""
     origin = round(start_time * 1e6)
-    heads, bodies, halves, dropped, clipped, unbound = {}, {}, [], {}, 0, 0
+    heads, bodies, halves, dropped = {}, {}, [], {}
+    repairs = dict.fromkeys(("events_out_of_order", "spans_clipped", "flow_halves_unbound"), 0)
     for pid, proc in sorted(_merge(drained).items()):
-        heads[pid], bodies[pid], bound, n_clipped = _process_events(pid, proc, origin)
+        heads[pid], bodies[pid], bound, counts = _process_events(pid, proc, origin)
         halves += bound
-        clipped += n_clipped
-        unbound += sum(e[0] in ("s", "f") for e in proc["events"]) - len(bound)
+        repairs = {k: v + counts[k] for k, v in repairs.items()}
         name = heads[pid][0]["args"]["name"]
         dropped[name] = dropped.get(name, 0) + proc["meta"]["dropped"]
-    flows, lone = _pair_flows(halves)
+    flows, unconsumed, orphans = _pair_flows(halves)
     for ev in flows:
         bodies[ev["pid"]].append(ev)
     events = [ev for pid, head in heads.items() for ev in head + sorted(bodies[pid], key=_order)]
-    other = {"start_time": start_time, "dropped": dropped, "spans_clipped": clipped,
-             "flow_halves_dropped": lone + unbound, **(extra or {})}
+    lost = repairs["flow_halves_unbound"] + orphans + sum(unconsumed.values())
+    other = {"start_time": start_time, "dropped": dropped, **repairs, "flow_ends_orphaned": orphans,
+             "flow_starts_unconsumed": unconsumed, "flow_halves_dropped": lost, **(extra or {})}
     obj = {"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as fh:
         json.dump(obj, fh, default=_json_default, separators=(",", ":"))
     os.replace(tmp, path)  # a reader never sees half a file
-
-
-# --- the checker ------------------------------------------------------------------------------
-
-def _check_top(obj) -> list[str]:
-    if not isinstance(obj, dict):
-        return ["the trace is not a JSON object"]
-    other = obj.get("otherData")
-    return [problem for ok, problem in (
-        (isinstance(obj.get("traceEvents"), list), "no traceEvents list"),
-        (obj.get("displayTimeUnit") in ("ms", "ns"), "displayTimeUnit is not 'ms' or 'ns'"),
-        (isinstance(other, dict) and isinstance(other.get("start_time"), (int, float)),
-         "otherData has no numeric start_time")) if not ok]
-
-
-def _check_event(i: int, ev) -> str | None:
-    if not isinstance(ev, dict) or ev.get("ph") not in ("X", "M", "s", "f", "i"):
-        return f"event {i} is not an object with a known ph (X, M, s, f, i)"
-    ph, num = ev["ph"], (int, float)
-    checks = ((isinstance(ev.get("pid"), int) and isinstance(ev.get("tid"), int), "an integer pid and tid"),
-              (isinstance(ev.get("name"), str), "a name"),
-              (ph != "M" or isinstance(ev.get("args"), dict), "args"),
-              (ph == "M" or isinstance(ev.get("ts"), num), "a numeric ts"),
-              (ph == "M" or isinstance(ev.get("cat"), str), "a cat"),
-              (ph != "X" or isinstance(ev.get("dur"), num) and ev["dur"] >= 0, "a dur >= 0"),
-              (ph not in ("s", "f") or "id" in ev, "an id"),
-              (ph != "f" or ev.get("bp") == "e", "bp 'e' (binding to its enclosing slice)"))
-    lacking = [what for ok, what in checks if not ok]
-    return f"event {i} ({ph} {ev.get('name')!r}) lacks {', '.join(lacking)}" if lacking else None
-
-
-def _check_metadata(events: list[dict]) -> list[str]:
-    needed = ("process_name", "process_labels", "process_sort_index")
-    have: dict[int, set] = {}
-    for ev in events:
-        if ev["ph"] == "M":
-            have.setdefault(ev["pid"], set()).add(ev["name"])
-    pids = {ev["pid"] for ev in events if ev["ph"] != "M"} | set(have)
-    return [f"process {pid} has no {name} metadata" for pid in sorted(pids) for name in needed
-            if name not in have.get(pid, set())]
-
-
-def _check_order(events: list[dict]) -> list[str]:
-    last, problems = {}, []
-    for ev in events:
-        if ev["ph"] == "M":
-            continue
-        if ev["ts"] < last.get(ev["pid"], float("-inf")):
-            problems.append(f"process {ev['pid']}: timestamps go backwards at {ev['name']} (ts {ev['ts']})")
-        last[ev["pid"]] = max(ev["ts"], last.get(ev["pid"], float("-inf")))
-    return problems
-
-
-def _check_nesting(events: list[dict]) -> list[str]:
-    problems, stacks = [], {}
-    for ev in sorted((e for e in events if e["ph"] == "X"), key=lambda e: (e["pid"], e["tid"], e["ts"], -e["dur"])):
-        stack = stacks.setdefault((ev["pid"], ev["tid"]), [])
-        while stack and stack[-1][0] <= ev["ts"]:
-            stack.pop()
-        if stack and ev["ts"] + ev["dur"] > stack[-1][0]:
-            problems.append(f"process {ev['pid']} thread {ev['tid']}: span {ev['name']} at {ev['ts']} "
-                            f"overlaps {stack[-1][1]} without nesting inside it")
-        stack.append((ev["ts"] + ev["dur"], ev["name"]))
-    return problems
-
-
-def _check_flows(events: list[dict]) -> list[str]:
-    halves = [e for e in events if e["ph"] in ("s", "f")]
-    problems, by_id = [], {}
-    for h in halves:
-        by_id.setdefault(h["id"], []).append(h["ph"])
-    for flow_id, phs in by_id.items():
-        if sorted(phs) != ["f", "s"]:
-            problems.append(f"flow {flow_id} is not one start and one end (has {sorted(phs)})")
-    spans = [e for e in events if e["ph"] == "X"]
-    bound = {id(h) for h in _bound(halves, spans)}
-    problems += [f"flow {h['id']} {h['ph']} at {h['ts']} lies in no span of process {h['pid']} thread {h['tid']}"
-                 for h in halves if id(h) not in bound]
-    return problems
-
-
-def validate_trace(path_or_obj) -> list[str]:
-    """Problems with a trace (a path or the loaded object); [] when it is well formed."""
-    obj = path_or_obj
-    if isinstance(path_or_obj, (str, os.PathLike)):
-        try:
-            with open(path_or_obj) as fh:
-                obj = json.load(fh)
-        except (OSError, ValueError) as e:
-            return [f"cannot read {path_or_obj}: {e}"]
-    problems = _check_top(obj)
-    if not isinstance(obj, dict) or not isinstance(obj.get("traceEvents"), list):
-        return problems
-    found = [(ev, _check_event(i, ev)) for i, ev in enumerate(obj["traceEvents"])]
-    problems += [bad for _, bad in found if bad]
-    events = [ev for ev, bad in found if not bad]
-    for check in (_check_metadata, _check_order, _check_nesting, _check_flows):
-        problems += check(events)
-    return problems[:MAX_PROBLEMS]

@@ -1,12 +1,14 @@
 """The recorder (distrl.observe.trace.Tracer), the trace.json writer and validate_trace."""
 import copy
 import json
+import socket
 import threading
 import time
 
 import pytest
 
 from distrl.observe import trace as T
+from distrl.observe.trace_check import validate_trace
 
 START = time.time()
 
@@ -62,6 +64,18 @@ def test_configure_enables_this_process_tracer():
     assert T.tracer() is tr and tr.enabled
     meta = tr.drain()["meta"]
     assert (meta["role"], meta["index"], meta["node"], meta["capacity"]) == ("worker", 2, "node-b", 50)
+    assert meta["host"] == socket.gethostname()  # recorded with or without a Ray node id
+
+
+def test_processes_are_labelled_by_host_and_by_ray_node_when_there_is_one(tmp_path):
+    under_ray, no_ray = T.Tracer("worker", 0, enabled=True, node="3f9a01bc"), T.Tracer("main", enabled=True)
+    for tr in (under_ray, no_ray):
+        with tr.span("sample", "rollout"):
+            pass
+    _, obj = write(tmp_path, [as_process(under_ray.drain(), 20), as_process(no_ray.drain(), 10)])
+    labels = {e["pid"]: e["args"]["labels"] for e in obj["traceEvents"] if e["name"] == "process_labels"}
+    host = socket.gethostname()
+    assert labels == {20: f"node 3f9a01bc, host {host}, pid 20", 10: f"host {host}, pid 10"}
 
 
 def test_ring_keeps_the_newest_and_counts_the_dropped():
@@ -113,6 +127,8 @@ def test_flows_bind_to_the_enclosing_span_and_are_paired(tmp_path):
     with worker.span("sample", "rollout"):
         worker.flow_out("fragment", 7)
     worker.flow_out("fragment", 8)  # outside any span: it binds to nothing and is dropped
+    with worker.span("sample", "rollout"):
+        worker.flow_out("fragment", 10)  # still in flight when the trace was taken
     with replay.span("replay_add", "replay"):
         replay.flow_in("fragment", 7)
         replay.flow_in("fragment", 9)  # its producer fell out of a ring: dropped
@@ -121,8 +137,11 @@ def test_flows_bind_to_the_enclosing_span_and_are_paired(tmp_path):
     assert sorted((e["ph"], e["pid"]) for e in flows) == [("f", 12), ("s", 20)]
     s, f = sorted(flows, key=lambda e: e["ph"], reverse=True)
     assert s["id"] == f["id"] and f["bp"] == "e" and s["cat"] == f["cat"] == "fragment"
-    assert obj["otherData"]["flow_halves_dropped"] == 2
-    assert T.validate_trace(path) == []
+    other = obj["otherData"]
+    assert (other["flow_halves_unbound"], other["flow_ends_orphaned"], other["flow_starts_unconsumed"]) == \
+        (1, 1, {"fragment": 1})
+    assert other["flow_halves_dropped"] == 3 and other["spans_clipped"] == other["events_out_of_order"] == 0
+    assert validate_trace(path) == []
 
 
 def test_one_publish_pulled_by_many_draws_an_arrow_to_each(tmp_path):
@@ -138,7 +157,8 @@ def test_one_publish_pulled_by_many_draws_an_arrow_to_each(tmp_path):
     path, obj = write(tmp_path, drains)
     ends = body(obj, ph="f")
     assert sorted(e["pid"] for e in ends) == [20, 21, 22] and len({e["id"] for e in ends}) == 3
-    assert T.validate_trace(path) == []
+    assert obj["otherData"]["flow_halves_dropped"] == 0  # one start, three consumers: nothing left alone
+    assert validate_trace(path) == []
 
 
 # --- the writer ----------------------------------------------------------------------------
@@ -177,7 +197,7 @@ def test_writer_makes_valid_trace_event_json_with_every_process(tmp_path):
     assert all(e["ts"] >= 0 and e["dur"] >= 0 and isinstance(e["args"], dict) for e in spans)
     learner = next(p for p, n in names.items() if n == "learner")
     assert len({e["tid"] for e in body(obj, learner)}) == 2  # the prefetch thread has its own tid
-    assert T.validate_trace(path) == [] and T.validate_trace(obj) == []
+    assert validate_trace(path) == [] and validate_trace(obj) == []
 
 
 def test_writer_sorts_per_process_and_nests_per_thread(tmp_path):
@@ -192,7 +212,37 @@ def test_writer_sorts_per_process_and_nests_per_thread(tmp_path):
     child = next(e for e in body(obj, 20) if e["name"] == "env_step")
     parent = next(e for e in body(obj, 20) if e["name"] == "sample")
     assert child["ts"] + child["dur"] == parent["ts"] + parent["dur"]
-    assert obj["otherData"]["spans_clipped"] == 1 and T.validate_trace(path) == []
+    assert obj["otherData"]["spans_clipped"] == 1 and validate_trace(path) == []
+
+
+def test_a_track_is_a_lane_of_its_own_across_the_threads_spans(tmp_path):
+    tr = T.Tracer("driver", enabled=True)
+    held = tr.begin("learner_held", "wait", track="rate limiter")
+    with tr.span("gather", "wait"):
+        pass
+    tr.end(held)  # ends after the gather began and ended: on the thread it would not nest
+    with tr.span("gather", "wait"):
+        pass
+    path, obj = write(tmp_path, [as_process(tr.drain(), 10)])
+    threads = {e["tid"]: e["args"]["name"] for e in obj["traceEvents"] if e["name"] == "thread_name"}
+    by_name = {e["name"]: e["tid"] for e in body(obj, 10, "X")}
+    assert threads[by_name["learner_held"]] == "rate limiter" and by_name["learner_held"] != by_name["gather"]
+    assert obj["otherData"]["spans_clipped"] == 0 and validate_trace(path) == []
+
+
+def test_the_writer_counts_what_recording_got_out_of_order(tmp_path):
+    tr = T.Tracer("worker", 0, enabled=True)
+    t = time.time()
+    tr.complete("env_step", "env", t, 0.002)
+    tr.complete("env_step", "env", t - 1.0, 0.002)  # ends before the event recorded first: a clock stepped back
+    _, obj = write(tmp_path, [as_process(tr.drain(), 20)])
+    assert obj["otherData"]["events_out_of_order"] == 1
+    for _ in range(2000):  # callers time children with time.time(): their ends round as their parent's do
+        with tr.span("sample", "rollout"):
+            t0 = time.time()
+            tr.complete("env_step", "env", t0, time.time() - t0)
+    _, obj = write(tmp_path, [as_process(tr.drain(), 20)])
+    assert obj["otherData"]["events_out_of_order"] == obj["otherData"]["spans_clipped"] == 0
 
 
 def test_size_bound_holds_in_the_file(tmp_path):
@@ -219,7 +269,7 @@ def test_drains_of_one_process_merge(tmp_path):
             first = tr_drain
     path, obj = write(tmp_path, [first, tr_drain])
     assert len(body(obj, 11)) == 6 and obj["otherData"]["dropped"] == {"learner": 4}
-    assert T.validate_trace(path) == []
+    assert validate_trace(path) == []
 
 
 # --- the checker ---------------------------------------------------------------------------
@@ -270,18 +320,18 @@ BREAKAGES = {
 
 
 def test_the_good_trace_is_good():
-    assert T.validate_trace(good_trace()) == []
+    assert validate_trace(good_trace()) == []
 
 
 @pytest.mark.parametrize("kind", sorted(BREAKAGES))
 def test_validate_catches(kind):
     change, message = BREAKAGES[kind]
-    problems = T.validate_trace(broken(change))
+    problems = validate_trace(broken(change))
     assert any(message in p for p in problems), (kind, problems)
 
 
 def test_validate_reads_files(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
-    assert "cannot read" in T.validate_trace(str(bad))[0]
-    assert T.validate_trace([1, 2]) == ["the trace is not a JSON object"]
+    assert "cannot read" in validate_trace(str(bad))[0]
+    assert validate_trace([1, 2]) == ["the trace is not a JSON object"]
