@@ -250,6 +250,14 @@ def _legend(fig, cats: list[str], flows: list[str]) -> None:
                bbox_to_anchor=(0.5, 1 - 38 / h_px), handlelength=1.6, columnspacing=1.4)
 
 
+def title(trace: Trace, window: tuple[float, float], every: int = 1) -> str:
+    """The run, the window shown and the trace's own first and last second (both since the run's start)."""
+    (a, b), (t0, t1) = window, trace.span
+    note = f"; 1 in {every} flow arrows drawn" if every > 1 else ""
+    return (f"{os.path.basename(os.path.normpath(trace.run_dir))}: {a:.2f}-{b:.2f} s shown; "
+            f"the trace covers {t0:.2f}-{t1:.2f} s{note}")
+
+
 def draw_timeline(trace: Trace, window: tuple[float, float], out_path: str) -> str:
     """Write the PNG for `window` (seconds since the run's start) to `out_path`; returns the path."""
     a, b = window
@@ -267,11 +275,7 @@ def draw_timeline(trace: Trace, window: tuple[float, float], out_path: str) -> s
         ax.axhline(y + 0.5, color="#eeeeee", lw=0.8, zorder=1)
     ax.grid(axis="x", color="#f0f0f0", lw=0.6, zorder=0)
     ax.set_axisbelow(True)
-    t0, t1 = trace.span
-    note = f"; 1 in {every} flow arrows drawn" if every > 1 else ""
-    fig.suptitle(f"{os.path.basename(os.path.normpath(trace.run_dir))}: {a:.2f}-{b:.2f} s "
-                 f"of a {t1 - t0:.1f} s trace{note}", fontsize=11, y=1 - 8 / (fig.get_size_inches()[1] * 100),
-                 va="top")
+    fig.suptitle(title(trace, window, every), fontsize=11, y=1 - 8 / (fig.get_size_inches()[1] * 100), va="top")
     save_png(fig, out_path)
     return out_path
 

@@ -18,7 +18,7 @@ from distrl.cli import main
 from distrl.observe import METRIC_COLUMNS, validate_trace, write_trace
 from distrl.observe.plot import group_curve, group_runs, read_run
 from distrl.observe.report import bottleneck, build_report
-from distrl.observe.timeline import read_trace, resolve_window, timeline_size
+from distrl.observe.timeline import read_trace, resolve_window, timeline_size, title
 
 START = 1_700_000_000.0
 RUN_S = 6.0
@@ -218,6 +218,12 @@ def test_from_to_restrict_the_window(runs, capsys, tmp_path):
     assert all(p["wall_s"] <= 1.5 + 1e-6 for p in report["processes"])
     whole = build_report(runs["learner"])
     assert whole["window_s"][1] - whole["window_s"][0] > 5
+
+
+def test_timeline_title_states_the_window_and_the_traces_own_start_and_end(runs):
+    trace = read_trace(runs["learner"])  # the driver's first gather starts at 0.1 s, the learner's last span ends last
+    assert title(trace, (1.0, 2.5)) == "learner_bound: 1.00-2.50 s shown; the trace covers 0.10-6.11 s"
+    assert title(trace, (1.0, 2.5), every=3).endswith("0.10-6.11 s; 1 in 3 flow arrows drawn")
 
 
 def test_report_names_the_learner_on_a_learner_bound_run(runs, capsys):
