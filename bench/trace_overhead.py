@@ -1,7 +1,7 @@
 """What recording a trace costs: env steps/s with `log.trace` on against off, and the cost of one span.
 
     python -m bench.trace_overhead                     # span cost + 3 cases x 6 on/off pairs (~15 min, 2 cores)
-    python -m bench.trace_overhead --span-cost-only    # the per-span cost alone (seconds)
+    python -m bench.trace_overhead --span-cost-only    # the per-span cost alone (seconds; printed, not saved)
     python -m bench.trace_overhead --seconds 4 --pairs 1 --out /tmp/t.json   # a smoke run
 
 Runs: `distrl.train` in this process with one embedded Ray for all of them, 2 workers, evaluation
@@ -184,8 +184,9 @@ def main() -> None:
     results = {"command": "python -m bench.trace_overhead " + " ".join(sys.argv[1:]), "hardware": hardware(),
                "seconds": args.seconds, "startup_s": args.startup, "workers": WORKERS, "span_cost": span_cost(), "cases": {}}
     print(table(results), flush=True)
-    if not args.span_cost_only:
-        results["cases"] = measure(args.cases, args.pairs, args.seconds, args.startup)
+    if args.span_cost_only:  # printed only: the results file keeps the runs it holds
+        return
+    results["cases"] = measure(args.cases, args.pairs, args.seconds, args.startup)
     write_json(args.out, results)
     print(table(results))
 
