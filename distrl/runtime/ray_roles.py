@@ -13,10 +13,11 @@ from ray.util.placement_group import remove_placement_group
 
 from distrl.config import Config, to_dict
 from distrl.core import Gathered, Restarts, RoleLost, RoleRestarted, Roles, RunState, TrainStats
-from distrl.observe.trace import configure, tracer
+from distrl.observe.trace import tracer
 from distrl.roles.experience import newest_store, write_store
 from distrl.roles.factory import resolve_device, trace_settings
-from distrl.runtime.actors import Evaluator, GradientWorker, Learner, ParameterServer, ReplayServer, RolloutWorker
+from distrl.runtime.actors import (Evaluator, GradientWorker, Learner, ParameterServer, ReplayServer, RolloutWorker,
+                                   start_tracing)
 from distrl.runtime.inference import InferenceServer
 from distrl.runtime.ray_setup import (ACTOR_GONE, actor_options, heap_runtime_env, in_bundle, init_ray, next_to,
                                      pack_group, role_count, role_resources, spread_group)
@@ -30,7 +31,7 @@ class RayRoles(Roles):
     def __init__(self, cfg: Config, run_dir: str, start_time: float, address: str | None = None,
                  eval_resume: dict | None = None):
         init_ray(address)
-        configure("driver", None, *trace_settings(cfg))
+        start_tracing(trace_settings(cfg), "driver")  # labelled with its Ray node, as the actors are
         self.cfg, self.run_dir = cfg, run_dir
         self.group, self.pool, self.gradient_workers, self.inference = None, None, [], []
         self.learner = self.evaluator = self.replay = self.ps = None
