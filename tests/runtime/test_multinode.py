@@ -313,6 +313,14 @@ def join_node(address: str, resources: dict) -> subprocess.Popen:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+def alive_workers() -> int:
+    """RolloutWorker actors whose constructor has finished (the GCS's actor table; Ray's public state
+    API needs the dashboard, which these nodes run without)."""
+    from ray._private import state
+
+    return sum(a["ActorClassName"] == "RolloutWorker" and a["State"] == "ALIVE" for a in state.actors().values())
+
+
 SOLVED = 475.0  # CartPole's greedy return the default config calls solved
 
 
@@ -322,6 +330,10 @@ def lose_node_b_then_add_node_c(cluster, run_dir: str, log: dict) -> None:
     return reached SOLVED (the run does not stop itself when solved: the node events come first)."""
     deadline = time.time() + 150
     wait_for(run_dir, lambda rows: rows[-1]["env_steps"] > 0, deadline)
+    # Every worker up first: one still being created on node b would be re-created elsewhere after the
+    # loss, a first start rather than a restart, and could take node c's slot from a lost one.
+    while alive_workers() < 4 and time.time() < deadline:
+        time.sleep(0.2)
     cluster.remove_node(cluster.nodes_by_name.pop("b"))
     log["lost_at"] = metrics_rows(run_dir)[-1]
     time.sleep(2 + 1)  # past fault.worker_timeout_s: both of node b's workers are lost
