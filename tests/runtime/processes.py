@@ -48,3 +48,14 @@ def kill_one_once_logging(run_dir: str, name: str, timeout_s: float = 100.0):
     thread = threading.Thread(target=kill, daemon=True)
     thread.start()
     return thread, killed
+
+
+def stop_as_ctrl_c() -> None:
+    """Stop the run this process is driving as a first Ctrl-C would (a clean stop), by calling its own SIGINT
+    handler from this (non-main) thread: a signal sent to the process once the run has ended and pytest's
+    handler is back would interrupt pytest itself. Once the run has ended the handler is no longer there."""
+    import signal
+
+    handler = signal.getsignal(signal.SIGINT)
+    if getattr(handler, "__module__", None) == "distrl.runtime.launch":
+        handler(signal.SIGINT, None)

@@ -5,7 +5,7 @@ import threading
 import time
 
 from distrl import train
-from tests.runtime.processes import pids_of
+from tests.runtime.processes import pids_of, stop_as_ctrl_c
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CARTPOLE = os.path.join(ROOT, "configs", "apex_dqn_cartpole.yaml")
@@ -65,9 +65,13 @@ def newest_done_checkpoint(run_dir: str) -> str | None:
 def test_replay_server_and_evaluator_deaths_are_survived(ray_session, tmp_path):
     """Sync mode, where the driver waits on the replay server's adds: the server is stopped (so a call is
     surely in flight) and then killed; it comes back refilled from the newest checkpoint. Then the
-    evaluator is killed."""
+    evaluator is killed. Once the run has logged a few more rows it is stopped as a Ctrl-C would."""
     run_dir = str(tmp_path / "run")
     killed = {}
+
+    def rows() -> int:
+        path = os.path.join(run_dir, "metrics.csv")
+        return len(open(path).readlines()) if os.path.exists(path) else 0
 
     def killer():
         deadline = time.time() + 90
@@ -82,15 +86,19 @@ def test_replay_server_and_evaluator_deaths_are_survived(ray_session, tmp_path):
         pid = pids_of("Evaluator")[0]
         os.kill(pid, signal.SIGKILL)
         killed["Evaluator"] = pid
+        after = rows()
+        while time.time() < deadline and rows() < after + 8:
+            time.sleep(0.2)
+        stop_as_ctrl_c()
 
     thread = threading.Thread(target=killer, daemon=True)
     thread.start()
     summary = train(CARTPOLE, run_dir=run_dir, overrides=[
-        "mode=sync", "workers=2", "stop.max_env_steps=200000", "stop.max_seconds=120", "eval.target_return=null",
-        "checkpoint.interval_s=2", "eval.interval_s=0.3", "log.progress=false", "log.tensorboard=false"])
+        "mode=sync", "workers=2", "stop.max_seconds=90", "eval.target_return=null", "checkpoint.interval_s=2",
+        "eval.interval_s=0.3", "log.interval_s=0.25", "log.progress=false", "log.tensorboard=false"])
     thread.join(timeout=5)
     assert set(killed) == {"ReplayServer", "Evaluator"}, (killed, summary)
     assert summary["replay_restarts"] >= 1 and summary["replay_refilled_items"] > 0, summary
     assert summary["evaluator_restarts"] >= 1, summary
-    assert summary["stop_reason"] == "max_env_steps" and summary["failure"] is None, summary
+    assert summary["stop_reason"] == "interrupted" and summary["failure"] is None, summary
     assert summary["updates"] > 0

@@ -70,19 +70,23 @@ def test_central_inference_gives_the_fragments_local_inference_gives(ray_session
     ray.kill(ps)
 
 
-@pytest.mark.parametrize("mode", ["sync", "async"])
-def test_a_run_with_central_inference_learns_cartpole(ray_session, tmp_path, mode):
-    run_dir = str(tmp_path / "run")
-    summary = train(os.path.join(ROOT, "configs", "ppo_cartpole.yaml"), run_dir=run_dir,
-                    overrides=[f"mode={mode}", "workers=2", "seed=0", "rollout.inference=central",
-                               "stop.max_seconds=120", "log.trace=true", *QUIET])
-    assert summary["solved"], summary
+def assert_the_server_batched_both_workers(run_dir: str) -> None:
     with open(os.path.join(run_dir, "trace.json")) as fh:
         events = json.load(fh)["traceEvents"]
     names = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "process_name"}
     batches = [e for e in events if e.get("name") == "infer_batch" and names[e["pid"]] == "inference"]
     assert len(batches) > 100 and max(e["args"]["requests"] for e in batches) == 2  # both workers in one batch
     assert "inference" in run_report(run_dir)  # the server has its row in where the time goes
+
+
+def test_a_sync_run_with_central_inference_learns_cartpole(ray_session, tmp_path):
+    """Async mode learns through the server in the test below, which also kills it."""
+    run_dir = str(tmp_path / "run")
+    summary = train(os.path.join(ROOT, "configs", "ppo_cartpole.yaml"), run_dir=run_dir,
+                    overrides=["mode=sync", "workers=2", "seed=0", "rollout.inference=central",
+                               "stop.max_seconds=120", "log.trace=true", *QUIET])
+    assert summary["solved"], summary
+    assert_the_server_batched_both_workers(run_dir)
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -96,13 +100,14 @@ def test_central_inference_where_it_cannot_run_is_refused(tmp_path, overrides, m
     assert not (tmp_path / "run").exists()
 
 
-def test_a_killed_inference_server_is_restarted_and_the_run_still_learns(ray_session, tmp_path):
+def test_an_async_run_with_central_inference_learns_cartpole_though_its_server_is_killed(ray_session, tmp_path):
     run_dir = str(tmp_path / "run")
     thread, killed = kill_one_once_logging(run_dir, "InferenceServer")
     summary = train(os.path.join(ROOT, "configs", "ppo_cartpole.yaml"), run_dir=run_dir,
                     overrides=["mode=async", "workers=2", "seed=0", "rollout.inference=central",
-                               "stop.max_seconds=150", "log.interval_s=0.25", *QUIET])
+                               "stop.max_seconds=150", "log.interval_s=0.25", "log.trace=true", *QUIET])
     thread.join(timeout=5)
     assert len(killed) == 1
     assert summary["solved"] and summary["failure"] is None, summary
     assert summary["inference_restarts"] == 1 and summary["worker_restarts"] == 0, summary
+    assert_the_server_batched_both_workers(run_dir)  # the restarted server's batches (the first's died with it)

@@ -22,6 +22,7 @@ from ray.cluster_utils import Cluster
 from distrl import train
 from distrl.config import ConfigError
 from distrl.runtime.ray_setup import init_ray
+from tests.runtime.processes import stop_as_ctrl_c
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CARTPOLE = os.path.join(ROOT, "configs", "apex_dqn_cartpole.yaml")
@@ -340,12 +341,7 @@ def lose_node_b_then_add_node_c(cluster, run_dir: str, log: dict) -> None:
     log["node_c"] = join_node(cluster.address, {"node_c": 1, "worker_slot": 1})
     back = len(wait_for(run_dir, lambda rows: rows[-1]["worker_restarts"] >= 1, deadline))
     wait_for(run_dir, lambda rows: len(rows) >= back + 3 and rows[-1]["best_eval_return"] >= SOLVED, deadline)
-    # As a Ctrl-C would, but by calling the run's own SIGINT handler from this thread: a signal sent to
-    # this process once the run has ended (and restored pytest's handler) would interrupt pytest itself.
-    # Called after the run ended, the handler only flags a driver that is done.
-    handler = signal.getsignal(signal.SIGINT)
-    if getattr(handler, "__module__", None) == "distrl.runtime.launch":
-        handler(signal.SIGINT, None)
+    stop_as_ctrl_c()
 
 
 def test_a_lost_node_costs_its_workers_and_a_node_joining_later_takes_them_back(cluster, tmp_path):
