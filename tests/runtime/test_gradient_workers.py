@@ -26,7 +26,7 @@ def test_apex_async_with_two_gradient_workers_trains_and_both_share_every_step(r
     run_dir = str(tmp_path / "run")
     summary = train(os.path.join(ROOT, "configs", "apex_dqn_cartpole.yaml"), run_dir=run_dir,
                     overrides=["mode=async", "workers=1", "learner.num_gradient_workers=2", "replay.min_size=500",
-                               "learner.batch_size=64", "stop.max_env_steps=6000", "eval.target_return=null", *QUIET])
+                               "learner.batch_size=64", "stop.max_env_steps=2500", "eval.target_return=null", *QUIET])
     assert summary["updates"] > 20 and summary["nonfinite_updates"] == 0
     spans = shard_spans(run_dir)
     assert set(spans) == {"gradient worker 0", "gradient worker 1"}
