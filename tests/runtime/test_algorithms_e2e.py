@@ -6,9 +6,10 @@ import pytest
 
 from distrl import train
 from distrl.cli import main
+from distrl.config import load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-QUIET = ["log.progress=false", "log.tensorboard=false", "eval.interval_s=0.5"]
+QUIET = ["log.progress=false", "log.tensorboard=false", "eval.interval_s=0.5", "eval.episodes=2"]
 
 CASES = [  # (config, mode, extra overrides)
     # a3c async with its default bound is covered by its learning test (tests/runtime/test_onpolicy_learning.py)
@@ -42,6 +43,20 @@ def test_algorithm_mode_end_to_end(request, tmp_path, config, mode, extra):
         assert 0.0 < last["alpha"] < 1.0 and "entropy" in last and "q_mean" in last
     if config.startswith("a3c"):
         check_a3c_staleness(run_dir, summary, mode)
+    if summary["rate_limiter"].get("samples_per_insert") is not None:
+        check_ratio(summary, load_config(os.path.join(run_dir, "config.yaml")))
+
+
+def check_ratio(summary, cfg):
+    """Replay algorithms (items are transitions or sequences): every sampled item is a batch row, the
+    learner never ran ahead of the ratio by more than the error buffer, and it did not start before
+    min_size items were stored."""
+    rl = summary["rate_limiter"]
+    assert rl["samples"] == summary["updates"] * cfg.learner.batch_size, rl
+    assert rl["inserts"] >= cfg.replay.min_size, rl
+    owed = rl["samples_per_insert"] * (rl["inserts"] - cfg.replay.min_size)
+    assert rl["samples"] - owed <= rl["error_buffer"], rl
+    assert rl["samples"] > 0 and rl["samples_per_insert_observed"] is not None
 
 
 def check_a3c_staleness(run_dir, summary, mode):

@@ -29,7 +29,8 @@ def kill_workers(times: int, run_dir: str, log: list) -> None:
 
 
 def test_learning_survives_env_exceptions_and_a_worker_killed_twice(ray_session, tmp_path):
-    """Both faults in one async run (one CartPole solve instead of two): each is counted, and it still solves."""
+    """Ape-X DQN's learning test, with both faults in its async run: each is counted, and it still reaches
+    the greedy target within the step budget."""
     run_dir = str(tmp_path / "run")
     killed: list = []
     killer = threading.Thread(target=kill_workers, args=(2, run_dir, killed), daemon=True)
@@ -43,7 +44,8 @@ def test_learning_survives_env_exceptions_and_a_worker_killed_twice(ray_session,
     assert summary["worker_restarts"] >= 2, summary
     assert summary["fragments_dropped"] >= 1  # a worker killed between calls loses no fragment
     assert summary["env_errors"] > 10, summary
-    assert summary["solved"], summary
+    assert summary["solved"] and summary["best_eval_return"] >= 475, summary
+    assert summary["env_steps"] <= 400000
 
 
 def test_too_many_env_errors_stop_the_run_with_a_clear_reason(tmp_path):

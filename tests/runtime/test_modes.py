@@ -58,6 +58,9 @@ def check_rate_limiter(rows, summary):
     assert rl["samples"] == summary["updates"] * 512
     assert -512 < rl["samples"] - owed <= rl["error_buffer"], rl
     assert all(int(r["env_steps"]) >= 1000 for r in rows if int(r["updates"]) > 0)
+    # Sampling blocks when the learner is ahead: so at every logged moment, not only at the end.
+    ahead = [int(r["updates"]) * 512 - rl["samples_per_insert"] * max(0, int(r["env_steps"]) - 1000) for r in rows]
+    assert max(ahead) <= rl["error_buffer"], (max(ahead), rl)
     assert 0.0 <= rl["workers_blocked_frac"] <= 1.0 and 0.0 <= rl["learner_blocked_frac"] <= 1.0
     assert all(r["workers_blocked_frac"] != "" for r in rows)
 
@@ -80,3 +83,13 @@ def test_distributed_modes_end_to_end(ray_session, tmp_path, mode):
         assert all(r["workers_late_mean"] in ("", "0.0") for r in rows)
     else:
         assert all(0.0 <= r <= 2.0 for r in ready)
+
+
+def test_async_two_workers_solves_cartpole(ray_session, tmp_path):
+    """Ape-X DQN's learning test without faults: async mode, 2 Ray workers, greedy eval >= 475 within the budget."""
+    summary = train(CARTPOLE, run_dir=str(tmp_path / "run"), overrides=[
+        "mode=async", "workers=2", "seed=0", "stop.max_env_steps=300000", "stop.max_seconds=240",
+        "log.progress=false", "log.tensorboard=false"])
+    assert summary["solved"], summary
+    assert summary["best_eval_return"] >= 475
+    assert summary["env_steps"] <= 300000
