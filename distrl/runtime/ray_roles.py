@@ -59,8 +59,8 @@ class RayRoles(Roles):
         grads = role_count(cfg, "gradient_workers")
         self.group = spread_group(wanted["gradient_workers"], grads, f.role_timeout_s) if grads else None
         self.ps = ParameterServer.options(**role, **place["parameter_server"]).remote(trace_settings(cfg))
-        # On a cluster an unplaced replay server goes to the learner's node: batches that cross nodes cost
-        # the learner ~5x its updates/s (bench/RESULTS.md, paper model).
+        # On a cluster an unplaced replay server goes to the learner's node: batches that cross nodes leave
+        # the learner waiting for them (bench/RESULTS.md, paper model).
         near = next_to(place["learner"], f.role_timeout_s) if address and not cfg.placement.replay else {}
         self.replay = ReplayServer.options(**role, **place["replay"], **near, runtime_env=heap_env).remote(d)
         self.gradient_workers = [

@@ -211,9 +211,9 @@ def heap_runtime_env() -> dict:
     """Run an actor on jemalloc (bundled with Ray on Linux) instead of glibc malloc.
 
     The learner and replay server free many mid-sized arrays that Ray allocated
-    on other threads; under glibc their resident memory creeps up even with
-    malloc_trim (bench/RESULTS.md, soak). Skipped when the user sets LD_PRELOAD
-    or DISTRL_JEMALLOC=0.
+    on other threads; under glibc their resident memory grows with the number of
+    updates (bench/RESULTS.md, soak). Skipped when the user sets LD_PRELOAD or
+    DISTRL_JEMALLOC=0.
     """
     lib = os.path.join(os.path.dirname(ray.__file__), "core", "libjemalloc.so")
     if os.environ.get("LD_PRELOAD") or os.environ.get("DISTRL_JEMALLOC") == "0" or not os.path.exists(lib):
