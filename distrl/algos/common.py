@@ -126,7 +126,8 @@ class SequenceAlgorithm(ReplayAlgorithm):
 
 class SequenceQLearner(TargetNetworkState):
     """A Q-learner on time-major sequences of burn_in + length + n_step steps (R2D2, DHC): the steps
-    it unrolls without gradient, trains on, and bootstraps from. Subclasses name `build_network(spec, cfg)`."""
+    it unrolls without gradient, trains on, and bootstraps from. Subclasses name `build_network(spec, cfg)`
+    and `priorities(abs_td, live, eta)`, each item's new priority from its trained entries."""
 
     def __init__(self, spec, cfg, seq, device: str):
         self.cfg, self.device = cfg, device
@@ -139,6 +140,22 @@ class SequenceQLearner(TargetNetworkState):
         if steps != self.seq_len:
             raise ValueError(f"sequences of {steps} steps, the learner expects burn_in + length + "
                              f"n_step = {self.seq_len}: the policy and learner disagree on cfg.sequence")
+
+    def step_and_report(self, loss, td, q_taken, live) -> dict:
+        """One guarded step on `loss`, then the update's stats; `td`, `q_taken` and `live` (1 on the
+        trained entries, 0 elsewhere) are tensors of one shape, the means are over the trained entries."""
+        grad_norm = self.optimize(loss)
+        if grad_norm is None:  # a non-finite loss or gradient: no step, and no priorities from it
+            return skipped(loss)
+        live, abs_td = live.cpu().numpy(), td.abs().cpu().numpy()
+        real = max(float(live.sum()), 1.0)
+        return {
+            "loss": loss.item(),
+            "q_mean": float((q_taken.cpu().numpy() * live).sum() / real),
+            "td_abs_mean": float((abs_td * live).sum() / real),
+            "grad_norm": grad_norm,
+            "priorities": self.priorities(abs_td, live, self.cfg.priority_eta),
+        }
 
 
 def guarded_step(opt, params, loss=None, clip: float | None = None) -> float | None:

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from distrl.algos.common import SequenceAlgorithm, SequenceQLearner, as_tensors, mlp, skipped
+from distrl.algos.common import SequenceAlgorithm, SequenceQLearner, as_tensors, mlp
 from distrl.algos.dhc_acting import agent_nstep_targets, agent_priorities
 from distrl.core import Batch, EnvSpec, Learner
 
@@ -154,6 +154,7 @@ class DHCLearner(SequenceQLearner, Learner):
     """The DHC update on time-major multi-agent sequence batches (module docstring); `seq` is the SequenceConfig."""
 
     build_network = staticmethod(build_network)
+    priorities = staticmethod(agent_priorities)
 
     def _unroll_both(self, t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Online Q with gradient and target Q, both (L - burn_in, B, N, A), after the burn-in."""
@@ -189,21 +190,7 @@ class DHCLearner(SequenceQLearner, Learner):
         return loss, td.detach(), q_taken.detach(), live
 
     def update(self, batch: Batch) -> dict[str, Any]:
-        t = as_tensors(batch, self.device)
-        loss, td, q_taken, live = self.loss_and_td(t)
-        grad_norm = self.optimize(loss)
-        if grad_norm is None:  # a non-finite loss or gradient: no step, and no priorities from it
-            return skipped(loss)
-        live = live.cpu().numpy()
-        abs_td = td.abs().cpu().numpy()
-        real = max(float(live.sum()), 1.0)
-        return {
-            "loss": loss.item(),
-            "q_mean": float((q_taken.cpu().numpy() * live).sum() / real),
-            "td_abs_mean": float((abs_td * live).sum() / real),
-            "grad_norm": float(grad_norm),
-            "priorities": agent_priorities(abs_td, live, self.cfg.priority_eta),
-        }
+        return self.step_and_report(*self.loss_and_td(as_tensors(batch, self.device)))
 
 
 class DHC(SequenceAlgorithm):

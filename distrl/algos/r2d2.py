@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from distrl.algos.common import SequenceAlgorithm, SequenceQLearner, as_tensors, mlp, skipped
+from distrl.algos.common import SequenceAlgorithm, SequenceQLearner, as_tensors, mlp
 from distrl.algos.r2d2_acting import nstep_targets, rescale, sequence_priorities, unrescale
 from distrl.core import Batch, EnvSpec, Learner
 
@@ -92,6 +92,7 @@ class R2D2Learner(SequenceQLearner, Learner):
     """The R2D2 update on time-major sequence batches (see the module docstring); `seq` is the SequenceConfig."""
 
     build_network = staticmethod(build_network)
+    priorities = staticmethod(sequence_priorities)
 
     def _unroll_both(self, t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Online Q with gradient and target Q, both (L - burn_in, B, A), after the burn-in."""
@@ -134,19 +135,7 @@ class R2D2Learner(SequenceQLearner, Learner):
     def update(self, batch: Batch) -> dict[str, Any]:
         t = as_tensors(batch, self.device)
         loss, td, q_taken = self.loss_and_td(t)
-        grad_norm = self.optimize(loss)
-        if grad_norm is None:
-            return skipped(loss)
-        mask = batch["mask"][self.burn_in:self.burn_in + self.length]
-        abs_td = td.abs().cpu().numpy()
-        real = max(float(mask.sum()), 1.0)
-        return {
-            "loss": loss.item(),
-            "q_mean": float((q_taken.cpu().numpy() * mask).sum() / real),
-            "td_abs_mean": float((abs_td * mask).sum() / real),
-            "grad_norm": grad_norm,
-            "priorities": sequence_priorities(abs_td, mask, self.cfg.priority_eta),
-        }
+        return self.step_and_report(loss, td, q_taken, t["mask"][self.burn_in:self.burn_in + self.length])
 
 
 class R2D2(SequenceAlgorithm):

@@ -19,15 +19,23 @@ class EpsilonGreedyConfig:
 
 
 @dataclass
-class ApexDQNConfig(EpsilonGreedyConfig):
-    hidden: list = f([64, 64], "hidden layer sizes of the Q-network torso", item_lo=1)
+class QLearningConfig(EpsilonGreedyConfig):
+    """What Ape-X DQN, R2D2 and DHC share: the Q head, its n-step target, and how the learner steps;
+    each section adds its network's keys and keeps its own defaults by overriding a field."""
+
     dueling: bool = f(True, "dueling value/advantage head")
     double: bool = f(True, "double-DQN target (online argmax, target value)")
     n_step: int = f(3, "steps in the n-step return", lo=1)
     gamma: float = f(0.99, "discount factor", lo=0.0, hi=1.0)
-    lr: float = f(2e-3, "Adam learning rate", lo=0.0, lo_open=True)
+    lr: float = f(1e-3, "Adam learning rate", lo=0.0, lo_open=True)
     target_update_interval: int = f(100, "updates between target-network copies", lo=1)
     grad_clip: float | None = f(10.0, "max global gradient norm (null = no clipping)", lo=0.0, lo_open=True)
+
+
+@dataclass
+class ApexDQNConfig(QLearningConfig):
+    hidden: list = f([64, 64], "hidden layer sizes of the Q-network torso", item_lo=1)
+    lr: float = f(2e-3, "Adam learning rate", lo=0.0, lo_open=True)
 
 
 @dataclass
@@ -46,37 +54,24 @@ class SACConfig:
 
 
 @dataclass
-class R2D2Config(EpsilonGreedyConfig):
+class R2D2Config(QLearningConfig):
     hidden: list = f([64], "MLP torso layer sizes before the recurrent core", item_lo=1)
     core: str = f("lstm", "recurrent core: lstm | gru", choices=("lstm", "gru"))
     core_size: int = f(64, "recurrent state size", lo=1)
-    dueling: bool = f(True, "dueling value/advantage head")
-    double: bool = f(True, "double-DQN target (online argmax, target value)")
-    n_step: int = f(3, "steps in the n-step return", lo=1)
-    gamma: float = f(0.99, "discount factor", lo=0.0, hi=1.0)
-    lr: float = f(1e-3, "Adam learning rate", lo=0.0, lo_open=True)
-    target_update_interval: int = f(100, "updates between target-network copies", lo=1)
-    grad_clip: float | None = f(10.0, "max global gradient norm (null = no clipping)", lo=0.0, lo_open=True)
     value_rescaling: bool = f(True, "targets through h(x) = sign(x)(sqrt(|x|+1) - 1) + eps x and its inverse")
     rescale_eps: float = f(1e-3, "the eps of the value rescaling h", lo=0.0)
     priority_eta: float = f(0.9, "sequence priority: eta * max|td| + (1 - eta) * mean|td|", lo=0.0, hi=1.0)
 
 
 @dataclass
-class DHCConfig(EpsilonGreedyConfig):
+class DHCConfig(QLearningConfig):
     encoder: list = f([32, 32], "conv channels over a field-of-view observation (3x3 kernels; [] = one linear layer over the flattened view), or MLP sizes for flat ones", item_lo=1, min_items=0)
     core_size: int = f(64, "GRU state size per agent", lo=1)
     comm: bool = f(True, "exchange messages between agents (off: independent parameter-shared agents)")
     comm_heads: int = f(2, "attention heads of the communication block", lo=1)
     comm_rounds: int = f(1, "rounds of communication per step", lo=1)
-    dueling: bool = f(True, "dueling value/advantage head")
-    double: bool = f(True, "double-DQN target (online argmax, target value)")
-    n_step: int = f(3, "steps in the n-step return", lo=1)
-    gamma: float = f(0.99, "discount factor", lo=0.0, hi=1.0)
-    lr: float = f(1e-3, "Adam learning rate", lo=0.0, lo_open=True)
-    target_update_interval: int = f(200, "updates between target-network copies", lo=1)
-    grad_clip: float | None = f(10.0, "max global gradient norm (null = no clipping)", lo=0.0, lo_open=True)
     priority_eta: float = f(0.9, "sequence priority: eta * max|td| + (1 - eta) * mean|td| over agents and steps", lo=0.0, hi=1.0)
+    target_update_interval: int = f(200, "updates between target-network copies", lo=1)
     eps_decay_steps: int = f(20000, "worker env steps over which a single worker's epsilon decays", lo=1)
 
 
