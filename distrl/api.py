@@ -134,7 +134,9 @@ def _check_placement_amounts(cfg: Config) -> None:
         for name, amount in getattr(cfg.placement, role).items():
             ok = isinstance(amount, (int, float)) and not isinstance(amount, bool) and 0 < amount < 2**31
             if not ok or (amount > 1 and amount != int(amount)) or not isinstance(name, str) or not name:
-                raise ConfigError(f"config key 'placement.{role}.{name}': expected a resource name and an amount "
+                # An unprintable name (a newline, say) appears as repr only: the error stays one line.
+                key = f"placement.{role}" + (f".{name}" if isinstance(name, str) and name.isprintable() else "")
+                raise ConfigError(f"config key '{key}': expected a resource name and an amount "
                                   f"in (0, 1] or a whole number, got {name!r}: {amount!r}")
 
 
