@@ -54,6 +54,32 @@ def test_an_update_with_k_gradient_workers_equals_one_learner_on_the_whole_batch
         np.testing.assert_allclose(out_single["priorities"], out_sharded["priorities"], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("algo", ["apex_dqn", "impala", "ppo"])
+def test_one_gradient_worker_is_the_single_learner_exactly(algo):
+    """K = 1 (the default) changes nothing: bit for bit the single learner's weights, optimizer state and
+    outputs after an update on the same batch."""
+    algorithm, single, batch = learner_and_batch(algo)
+    one = copy.deepcopy(single)
+    one.use_gradient_workers(local_gradient_fn([algorithm.make_learner("cpu")]), 1)
+    torch.manual_seed(1)
+    out_single = single.update(batch)
+    torch.manual_seed(1)
+    out_one = one.update(batch)
+    before = params(learner_and_batch(algo)[1])
+    for a, b, p0 in zip(params(single), params(one), before):
+        assert not torch.equal(a, p0)  # the update moved the weights
+        assert torch.equal(a, b)
+    state, state_one = single.opt.state_dict()["state"], one.opt.state_dict()["state"]
+    assert state.keys() == state_one.keys() and state
+    for i in state:
+        assert state[i].keys() == state_one[i].keys()
+        for name, value in state[i].items():
+            assert torch.equal(torch.as_tensor(value), torch.as_tensor(state_one[i][name])), (i, name)
+    assert out_single.keys() == out_one.keys()
+    for key, value in out_single.items():
+        np.testing.assert_array_equal(np.asarray(out_one[key]), np.asarray(value), err_msg=key)
+
+
 def test_shards_cover_every_row_once_and_weights_follow_their_rows():
     samples = {"x": np.arange(10), "y": np.arange(10) * 2}
     shards = split_rows(samples, 3)

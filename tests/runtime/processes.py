@@ -4,12 +4,25 @@ import os
 import subprocess
 
 
-def _parent(pid: int) -> int:
+def _stat(pid: int) -> list[str]:
+    """/proc/<pid>/stat's fields after the command name (field 3 onwards), or [] if the process is gone."""
     try:
         with open(f"/proc/{pid}/stat") as fh:
-            return int(fh.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return 0
+            return fh.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def _parent(pid: int) -> int:
+    fields = _stat(pid)
+    return int(fields[1]) if len(fields) > 1 else 0
+
+
+def started_at(pid: int) -> int | None:
+    """When the process started, in clock ticks since boot: with the pid, it names one process even
+    if the pid is reused later."""
+    fields = _stat(pid)
+    return int(fields[19]) if len(fields) > 19 else None
 
 
 def descends_from_us(pid: int) -> bool:
@@ -28,22 +41,30 @@ def pids_of(name: str) -> list[int]:
 
 
 def kill_one_once_logging(run_dir: str, name: str, timeout_s: float = 100.0):
-    """A started thread that SIGKILLs one `name` actor process once the run has written a few metrics rows;
-    the list it returns gets (pid, time) of the kill."""
+    """A started thread that SIGKILLs one `name` actor process of the run about to start, once the run
+    has written a few metrics rows; the list it returns gets (pid, time) of the kill.
+
+    Only a process that was not a `name` actor when this was called is a candidate: a previous test's
+    actor may still be exiting (Ray reaps killed actors asynchronously), and killing it would leave this
+    run untouched. Processes are told apart by (pid, start time), so a reused pid is not mistaken for an
+    old one. An idle Ray worker that becomes one of this run's actors counts as new: its title changes."""
     import signal
     import threading
     import time
 
+    before = {(pid, started_at(pid)) for pid in pids_of(name)}
     killed: list = []
 
     def kill():
         metrics, deadline = os.path.join(run_dir, "metrics.csv"), time.time() + timeout_s
-        while time.time() < deadline and not (os.path.exists(metrics) and len(open(metrics).readlines()) > 2):
+        while time.time() < deadline:
+            if os.path.exists(metrics) and len(open(metrics).readlines()) > 2:
+                ours = [pid for pid in pids_of(name) if (pid, started_at(pid)) not in before]
+                if ours:
+                    os.kill(ours[0], signal.SIGKILL)
+                    killed.append((ours[0], time.time()))
+                    return
             time.sleep(0.1)
-        pids = pids_of(name)
-        if pids:
-            os.kill(pids[0], signal.SIGKILL)
-            killed.append((pids[0], time.time()))
 
     thread = threading.Thread(target=kill, daemon=True)
     thread.start()

@@ -10,15 +10,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 QUIET = ["log.progress=false", "log.tensorboard=false", "log.trace=true"]
 
 
-def shard_spans(run_dir: str) -> dict[str, int]:
-    """Gradient-worker process name -> how many shard gradients it computed."""
+def shard_spans(run_dir: str) -> dict[str, dict[int, int]]:
+    """Gradient-worker process name -> {pid: how many shard gradients that process computed}."""
     with open(os.path.join(run_dir, "trace.json")) as fh:
         events = json.load(fh)["traceEvents"]
     names = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "process_name"}
-    out: dict[str, int] = {}
+    out: dict[str, dict[int, int]] = {}
     for e in events:
         if e.get("ph") == "X" and e["name"] == "shard_gradient":
-            out[names[e["pid"]]] = out.get(names[e["pid"]], 0) + 1
+            by_pid = out.setdefault(names[e["pid"]], {})
+            by_pid[e["pid"]] = by_pid.get(e["pid"], 0) + 1
     return out
 
 
@@ -28,7 +29,7 @@ def test_apex_async_with_two_gradient_workers_trains_and_both_share_every_step(r
                     overrides=["mode=async", "workers=1", "learner.num_gradient_workers=2", "replay.min_size=500",
                                "learner.batch_size=64", "stop.max_env_steps=2500", "eval.target_return=null", *QUIET])
     assert summary["updates"] > 20 and summary["nonfinite_updates"] == 0
-    spans = shard_spans(run_dir)
+    spans = {name: sum(by_pid.values()) for name, by_pid in shard_spans(run_dir).items()}
     assert set(spans) == {"gradient worker 0", "gradient worker 1"}
     # Every update asks both for a shard (traces may have dropped the oldest, never one side only).
     assert abs(spans["gradient worker 0"] - spans["gradient worker 1"]) <= 2
@@ -47,3 +48,9 @@ def test_a_killed_gradient_worker_is_restarted_and_ppo_still_solves(ray_session,
     assert summary["solved"] and summary["failure"] is None, summary
     assert summary["learner_restarts"] == 0 and summary["nonfinite_updates"] == 0, summary
     assert killed[0][1] - start < summary["time_to_solve_s"]  # it learned on past the kill
+    # The killed process was one of this run's two gradient workers; both computed shards at the end, from
+    # processes other than it (a dead process's trace dies with it): the killed one answered again from a
+    # restarted process.
+    spans = shard_spans(run_dir)
+    assert set(spans) == {"gradient worker 0", "gradient worker 1"}, spans
+    assert all(len(by_pid) == 1 and killed[0][0] not in by_pid for by_pid in spans.values()), (killed, spans)

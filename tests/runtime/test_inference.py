@@ -25,14 +25,18 @@ def fragments(cfg, ps, server, fragments_each: int = 3) -> list[list[tuple]]:
     d = to_dict(cfg)
     extra = [server] if server is not None else []
     workers = [RolloutWorker.remote(d, i, 2, ps, *extra) for i in range(2)]
-    out: list[list[tuple]] = [[], []]
-    for _ in range(fragments_each):
-        calls = [w.sample.remote(True) for w in workers]  # (info, payload) refs each
-        for i, (data, priorities, _) in enumerate(ray.get([payload for _, payload in calls])):
-            out[i].append((data, priorities))
-    for w in workers:
-        ray.kill(w)
-    return out
+    try:  # each worker holds one of the embedded Ray's two CPUs: a leaked one would starve later tests
+        # Both processes up before either samples: their steps then reach the server together.
+        ray.get([w.pid.remote() for w in workers], timeout=120)
+        out: list[list[tuple]] = [[], []]
+        for _ in range(fragments_each):
+            calls = [w.sample.remote(True) for w in workers]  # (info, payload) refs each
+            for i, (data, priorities, _) in enumerate(ray.get([payload for _, payload in calls], timeout=120)):
+                out[i].append((data, priorities))
+        return out
+    finally:
+        for w in workers:
+            ray.kill(w)
 
 
 @pytest.mark.parametrize("config, overrides", [
@@ -43,12 +47,22 @@ def fragments(cfg, ps, server, fragments_each: int = 3) -> list[list[tuple]]:
     ("r2d2_position_only_cartpole.yaml", ["rollout.fragment_length=40"]),  # sequences complete: stored states
 ])
 def test_central_inference_gives_the_fragments_local_inference_gives(ray_session, config, overrides):
-    cfg = load_config(os.path.join(ROOT, "configs", config), ["mode=sync", "workers=2", "seed=3", *overrides])
+    # A batch timeout far above a step's round trip: the server always waits for both workers' steps, so
+    # how it batched does not depend on this machine's load.
+    cfg = load_config(os.path.join(ROOT, "configs", config), ["mode=sync", "workers=2", "seed=3",
+                                                              "rollout.batch_timeout_ms=5000", *overrides])
     weights = build_algorithm(cfg).make_learner("cpu").get_weights()
     ps = ParameterServer.remote()
-    ray.get(ps.push.remote(0, [ray.put(weights)]))
-    server = InferenceServer.remote(to_dict(cfg), ps, 2)
-    local, central = fragments(cfg, ps, None), fragments(cfg, ps, server)
+    server = None
+    try:
+        ray.get(ps.push.remote(0, [ray.put(weights)]))
+        server = InferenceServer.remote(to_dict(cfg), ps, 2)
+        local, central = fragments(cfg, ps, None), fragments(cfg, ps, server)
+        stats = ray.get(server.stats.remote())
+    finally:
+        for actor in (server, ps):
+            if actor is not None:
+                ray.kill(actor)
     compared = 0
     for mine, theirs in zip(local, central):
         for (data, prio), (data_c, prio_c) in zip(mine, theirs):
@@ -64,10 +78,8 @@ def test_central_inference_gives_the_fragments_local_inference_gives(ray_session
     assert compared > 0
     if cfg.algo == "r2d2":  # stored sequence-start states came from the server, and are not all zero
         assert any(data["item/state"].any() for data, _ in central[0])
-    stats = ray.get(server.stats.remote())
-    assert stats["batches"] < stats["requests"]  # two workers' steps shared batches
-    ray.kill(server)
-    ray.kill(ps)
+    # The workers step in lockstep through the server: every batch held one step of each.
+    assert stats["batches"] > 0 and stats["requests"] == 2 * stats["batches"], stats
 
 
 def assert_the_server_batched_both_workers(run_dir: str) -> None:

@@ -1,5 +1,5 @@
-"""Runs on a real multi-node Ray cluster on this machine: placement per role, spread and packed workers, a
-refused placement, and a node lost (and another joining) mid-run.
+"""Runs on a real multi-node Ray cluster on this machine: placement per role (the central inference server's
+too), spread and packed workers, a refused placement, and a node lost (and another joining) mid-run.
 
 One `ray.cluster_utils.Cluster` (a head and two more nodes, each with its own custom resource) serves
 the whole module. The session's embedded Ray (`ray_session`) is shut down first and started again at
@@ -103,9 +103,16 @@ def held_resources() -> tuple[dict, list]:
 
 def wait_until_idle(timeout_s: float = 30.0) -> None:
     """Until the previous test's actors have released what they held (Ray frees a killed actor's CPUs
-    asynchronously): placement decided meanwhile would see busy nodes."""
+    asynchronously): placement decided meanwhile would see busy nodes. Still held after `timeout_s`:
+    something leaked, and the test that follows would fail for a reason it does not name."""
     deadline = time.time() + timeout_s
-    while time.time() < deadline and (any(held_resources()[0].values()) or held_resources()[1]):
+    while True:
+        held, groups = held_resources()
+        if not any(held.values()) and not groups:
+            return
+        if time.time() >= deadline:
+            raise AssertionError(f"the cluster is not idle after {timeout_s:g} s: actors hold {held}, "
+                                 f"placement groups hold {groups}")
         time.sleep(0.25)
 
 
@@ -139,18 +146,23 @@ def test_a_replay_server_on_another_node_is_refilled_through_the_driver(cluster,
 
 
 def test_async_run_spreads_its_workers_over_the_nodes(cluster, tmp_path):
+    """Its workers act through a central inference server placed on node a (left unplaced, Ray puts it on
+    another node in this layout, so the node checked is the placement's doing)."""
     wait_until_idle()
     run_dir = str(tmp_path / "run")
     summary = train(CARTPOLE, run_dir=run_dir, address=cluster.address, overrides=QUICK + [
         "mode=async", "workers=3", "stop.max_env_steps=3000", "placement.workers_strategy=spread",
         "placement.learner={node_b: 1}", "placement.replay={head_node: 1}", "placement.evaluator={node_a: 1}",
-        "placement.parameter_server={head_node: 1}"])
+        "placement.parameter_server={head_node: 1}", "rollout.inference=central", "placement.inference={node_a: 1}"])
     assert summary["stop_reason"] == "max_env_steps"
     assert_run_dir(run_dir, summary)
-    ids, where = node_ids(cluster), placed(run_dir)
-    assert (where["learner"], where["replay"], where["evaluator"], where["parameter server"]) == (
-        ids["b"], ids["head"], ids["a"], ids["head"])
-    # Three workers, three nodes with a free CPU each (the learner holds one of node b's two): one per node.
+    ids, processes = node_ids(cluster), traced(run_dir)
+    where = {name: node for name, (node, _) in processes.items()}
+    assert (where["learner"], where["replay"], where["evaluator"], where["parameter server"], where["inference"]) == (
+        ids["b"], ids["head"], ids["a"], ids["head"], ids["a"])
+    assert "infer_batch" in processes["inference"][1]  # the workers' steps ran there
+    # Three workers, three nodes with a free CPU each (the learner holds one of node b's two, the inference
+    # server one of node a's): one per node.
     assert sorted(where[f"worker {i}"] for i in range(3)) == sorted(ids.values())
 
 
@@ -296,22 +308,35 @@ def metrics_rows(run_dir: str) -> list[dict]:
         return []
 
 
-def wait_for(run_dir: str, what, deadline: float) -> list[dict]:
-    while time.time() < deadline:
+def wait_for(run_dir: str, what, deadline: float, abandoned: threading.Event | None = None) -> list[dict]:
+    while time.time() < deadline and not (abandoned and abandoned.is_set()):
         rows = metrics_rows(run_dir)
         if rows and what(rows):
             return rows
         time.sleep(0.2)
-    raise AssertionError(f"timed out; metrics: {metrics_rows(run_dir)[-3:]}")
+    raise AssertionError(f"{'abandoned' if abandoned and abandoned.is_set() else 'timed out'}; "
+                         f"metrics: {metrics_rows(run_dir)[-3:]}")
 
 
 def join_node(address: str, resources: dict) -> subprocess.Popen:
     """A node joining later, as on a real cluster: `ray start --block` (ends with its node when terminated).
-    Cluster.add_node cannot be called here: it installs a signal handler, and this runs in a thread."""
-    ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
-    return subprocess.Popen([ray_cli, "start", "--address", address, "--num-cpus", "1", "--block",
-                             "--resources", json.dumps(resources), "--disable-usage-stats"],
+    Cluster.add_node cannot be called here: it installs a signal handler, and this runs in a thread. The
+    CLI is run as a module of this interpreter: the Ray the tests import, whatever PATH holds."""
+    return subprocess.Popen([sys.executable, "-m", "ray.scripts.scripts", "start", "--address", address,
+                             "--num-cpus", "1", "--block", "--resources", json.dumps(resources),
+                             "--disable-usage-stats"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def stop_node(proc: subprocess.Popen) -> None:
+    """End a node started by `join_node`; one that does not stop in time is killed, so that a stuck
+    node neither hangs the test nor replaces the error the test is failing with."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
 
 
 def alive_workers() -> int:
@@ -325,54 +350,90 @@ def alive_workers() -> int:
 SOLVED = 475.0  # CartPole's greedy return the default config calls solved
 
 
-def lose_node_b_then_add_node_c(cluster, run_dir: str, log: dict) -> None:
+class NodeEvents(threading.Thread):
     """Node b goes once the run samples; node c joins once its workers are lost; the run is interrupted
     (SIGINT, a clean stop) once a worker came back, the run sampled on for a few more rows and its greedy
-    return reached SOLVED (the run does not stop itself when solved: the node events come first)."""
-    deadline = time.time() + 150
-    wait_for(run_dir, lambda rows: rows[-1]["env_steps"] > 0, deadline)
-    # Every worker up first: one still being created on node b would be re-created elsewhere after the
-    # loss, a first start rather than a restart, and could take node c's slot from a lost one.
-    while alive_workers() < 4 and time.time() < deadline:
-        time.sleep(0.2)
-    cluster.remove_node(cluster.nodes_by_name.pop("b"))
-    log["lost_at"] = metrics_rows(run_dir)[-1]
-    time.sleep(2 + 1)  # past fault.worker_timeout_s: both of node b's workers are lost
-    log["node_c"] = join_node(cluster.address, {"node_c": 1, "worker_slot": 1})
-    back = len(wait_for(run_dir, lambda rows: rows[-1]["worker_restarts"] >= 1, deadline))
-    wait_for(run_dir, lambda rows: len(rows) >= back + 3 and rows[-1]["best_eval_return"] >= SOLVED, deadline)
-    stop_as_ctrl_c()
+    return reached SOLVED (the run does not stop itself when solved: the node events come first).
+
+    What goes wrong is kept in `error` for the test to raise; `abandon()` (the run is over) stops the
+    thread before its next cluster change, so no node is removed or started once the test has moved on."""
+
+    def __init__(self, cluster, run_dir: str):
+        super().__init__(daemon=True)
+        self.cluster, self.run_dir = cluster, run_dir
+        self.lost_at: dict | None = None
+        self.node_c: subprocess.Popen | None = None
+        self.error: BaseException | None = None
+        self.abandoned, self.lock = threading.Event(), threading.Lock()
+
+    def run(self) -> None:
+        try:
+            self._events()
+        except BaseException as e:
+            self.error = e
+
+    def abandon(self) -> None:
+        with self.lock:  # a cluster change under way completes first (node c then is ours to stop)
+            self.abandoned.set()
+
+    def _change(self, change):
+        with self.lock:
+            if self.abandoned.is_set():
+                raise AssertionError("abandoned: the run ended first")
+            return change()
+
+    def _events(self) -> None:
+        run_dir, deadline = self.run_dir, time.time() + 150
+        wait_for(run_dir, lambda rows: rows[-1]["env_steps"] > 0, deadline, self.abandoned)
+        # Every worker up first: one still being created on node b would be re-created elsewhere after the
+        # loss, a first start rather than a restart, and could take node c's slot from a lost one.
+        while alive_workers() < 4:
+            if time.time() >= deadline or self.abandoned.is_set():
+                raise AssertionError(f"{alive_workers()} of 4 workers up; metrics: {metrics_rows(run_dir)[-3:]}")
+            time.sleep(0.2)
+        self._change(lambda: self.cluster.remove_node(self.cluster.nodes_by_name.pop("b")))
+        self.lost_at = metrics_rows(run_dir)[-1]
+        time.sleep(2 + 1)  # past fault.worker_timeout_s: both of node b's workers are lost
+        self.node_c = self._change(lambda: join_node(self.cluster.address, {"node_c": 1, "worker_slot": 1}))
+        back = len(wait_for(run_dir, lambda rows: rows[-1]["worker_restarts"] >= 1, deadline, self.abandoned))
+        wait_for(run_dir, lambda rows: len(rows) >= back + 3 and rows[-1]["best_eval_return"] >= SOLVED, deadline,
+                 self.abandoned)
+        stop_as_ctrl_c()
 
 
 def test_a_lost_node_costs_its_workers_and_a_node_joining_later_takes_them_back(cluster, tmp_path):
     """Node b (two of four workers) goes; node c joins with one worker slot: one worker comes back there,
     the other stays lost (counted in summary.json), and the run goes on to solve CartPole and a clean end."""
     run_dir = str(tmp_path / "run")
-    log: dict = {}
-    chaos = threading.Thread(target=lose_node_b_then_add_node_c, args=(cluster, run_dir, log), daemon=True)
-    chaos.start()
+    events = NodeEvents(cluster, run_dir)
+    events.start()
     try:
-        log["summary"] = summary = train(PPO, run_dir=run_dir, address=cluster.address, overrides=[
+        summary = train(PPO, run_dir=run_dir, address=cluster.address, overrides=[
             "mode=async", "workers=4", "seed=0", "stop.max_seconds=140", "eval.target_return=null", "eval.episodes=10",
             "log.tensorboard=false", "log.progress=false", "log.trace=true", "checkpoint.interval_s=3",
             "fault.worker_timeout_s=2", "log.interval_s=0.5", "placement.workers={worker_slot: 1}",
             "placement.learner={head_node: 1}", "placement.replay={head_node: 1}",
             "placement.parameter_server={head_node: 1}", "placement.evaluator={node_a: 1}"])
-        chaos.join(timeout=5)
-        node_c = next(n["NodeID"][:8] for n in ray.nodes() if n["Alive"] and "node_c" in n["Resources"])
+        node_c = next((n["NodeID"][:8] for n in ray.nodes() if n["Alive"] and "node_c" in n["Resources"]), None)
     finally:
-        if "node_c" in log:
-            log["node_c"].terminate()
-            log["node_c"].wait(timeout=60)
+        events.abandon()
+        events.join(timeout=5)
+        if events.node_c is not None:
+            stop_node(events.node_c)
+        # The node events' own failure explains what the run did after it: it is the error reported
+        # (with the run's own error, if any, as its context).
+        if events.error is not None:
+            raise AssertionError(f"the node events did not complete: {events.error!r}") from events.error
+    assert not events.is_alive(), "the node events were still under way when the run ended"
     assert summary["stop_reason"] == "interrupted" and summary["failure"] is None, summary
     assert summary["workers_lost"] == 1 and summary["worker_restarts"] == 1, summary
-    assert summary["env_steps"] > log["lost_at"]["env_steps"]  # it kept sampling after the loss
-    assert log["lost_at"]["best_eval_return"] < SOLVED <= summary["best_eval_return"], summary  # and solved after it
+    assert summary["env_steps"] > events.lost_at["env_steps"]  # it kept sampling after the loss
+    assert events.lost_at["best_eval_return"] < SOLVED <= summary["best_eval_return"], summary  # and solved after it
     assert_run_dir(run_dir, summary)
     # The one that came back kept its placement (a free worker slot: node c's, not the head's CPUs) and
     # sampled there; the lost one's trace went with its node.
     ids, processes = node_ids(cluster), traced(run_dir)
     workers = {name: proc for name, proc in processes.items() if name.startswith("worker")}
-    assert sorted(node for node, _ in workers.values()) == sorted([ids["a"], ids["a"], node_c])
+    assert node_c is not None and sorted(node for node, _ in workers.values()) == sorted([ids["a"], ids["a"], node_c])
     assert all("sample" in did for _, did in workers.values())
 
