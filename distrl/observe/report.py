@@ -6,6 +6,8 @@ replacement process took over): busy = its top-level spans that are
 not `wait`, waiting = top-level `wait` spans, idle = the rest (untraced gaps). Threads of one
 process are merged as a union, so a prefetch thread never pushes a share past 100%.
 
+Fragments in flight: each fragment flow's time from producer to consumer (`in_flight`).
+
 The bottleneck rule compares busy shares, not waits: a wait the runtime forgot to record shows up
 as idle, which is still "not busy", so the verdict does not hinge on complete instrumentation.
   * single mode (a `main` lane and no learner lane): the main process's time in top-level
@@ -27,7 +29,7 @@ import os
 
 import numpy as np
 
-from distrl.observe.timeline import Trace, read_trace, resolve_window
+from distrl.observe.timeline import Trace, read_trace, resolve_window, resumed_at
 
 CATEGORIES = ["env", "inference", "rollout", "transfer", "learning", "replay", "evaluation", "checkpoint",
               "driver", "wait"]
@@ -98,6 +100,19 @@ def role_breakdown(trace: Trace, a: float, b: float) -> dict[str, dict[str, floa
             row[cat] = row.get(cat, 0.0) + sec
     return {role: {c: round(v, 4) for c, v in sorted(row.items(), key=lambda kv: _cat_rank(kv[0]))}
             for role, row in out.items()}
+
+
+def in_flight(trace: Trace, a: float, b: float, kind: str = "fragment") -> dict | None:
+    """Milliseconds from each flow's producer to its consumer, for the consumers within [a, b]. For a
+    fragment: from the end of the worker's `sample` to the start of the replay server's `replay_add`, i.e.
+    Ray storing the returned fragment, the driver's gather taking it, the add call waiting at the replay
+    server and Ray resolving its argument. No role's code runs meanwhile, so this is a fragment's
+    transfer as the trace can time it honestly: as one interval, not per part."""
+    ms = np.array([(t_in - t_out) * 1e3 for flow, t_out, _, t_in, _ in trace.flows if flow == kind and a <= t_in <= b])
+    if not len(ms):
+        return None
+    return {"n": int(len(ms)), "median_ms": round(float(np.median(ms)), 3),
+            "p90_ms": round(float(np.percentile(ms, 90)), 3), "max_ms": round(float(ms.max()), 3)}
 
 
 def _cat_rank(cat: str) -> int:
@@ -200,8 +215,10 @@ def build_report(run_dir: str, t_from: float | None = None, t_to: float | None =
     a, b = training_window(trace) if t_from is None and t_to is None else resolve_window(trace, t_from, t_to)
     processes = process_shares(trace, a, b)
     return {"run_dir": run_dir, "window_s": [round(a, 3), round(b, 3)], "processes": processes,
-            "roles": role_breakdown(trace, a, b), "policy_lag": policy_lag(run_dir),
-            "bottleneck": bottleneck(processes), "dropped": trace.other.get("dropped", {})}
+            "roles": role_breakdown(trace, a, b), "fragment_in_flight": in_flight(trace, a, b),
+            "policy_lag": policy_lag(run_dir),
+            "bottleneck": bottleneck(processes), "dropped": trace.other.get("dropped", {}),
+            "resumed_at_s": resumed_at(trace)}
 
 
 def _process_table(report: dict) -> list[str]:
@@ -242,9 +259,17 @@ def _lag_lines(lag: dict) -> list[str]:
 def format_report(report: dict) -> str:
     a, b = report["window_s"]
     out = [f"run: {report['run_dir']}  (trace window {a:.2f}-{b:.2f} s)", ""]
+    if report.get("resumed_at_s"):
+        out[-1:] = [f"resumed at {', '.join(f'{t:.2f}' for t in report['resumed_at_s'])} s: a process of an earlier "
+                    "segment has its own row, its share over its own lane", ""]
     out += _process_table(report) + ["", ("self time by role, seconds (children excluded; rollout = the rest "
                                           "of building a fragment)")]
-    out += _role_table(report) + ["", "policy lag (updates between acting and learning weights):"]
+    out += _role_table(report)
+    flight = report.get("fragment_in_flight")
+    if flight:
+        out += ["", f"fragments in flight (end of a worker's sample to the replay's add), {flight['n']}: median "
+                    f"{flight['median_ms']:.1f} ms, p90 {flight['p90_ms']:.1f} ms, max {flight['max_ms']:.1f} ms"]
+    out += ["", "policy lag (updates between acting and learning weights):"]
     out += _lag_lines(report["policy_lag"])
     lost = {k: v for k, v in report["dropped"].items() if v}
     if lost:

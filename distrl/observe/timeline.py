@@ -250,10 +250,27 @@ def _legend(fig, cats: list[str], flows: list[str]) -> None:
                bbox_to_anchor=(0.5, 1 - 38 / h_px), handlelength=1.6, columnspacing=1.4)
 
 
+def resumed_at(trace: Trace) -> list[float]:
+    """The run times at which a resumed segment of the run took over (none for a run never resumed)."""
+    segments = trace.other.get("segments") or []
+    return [float(s["from_s"]) for s in segments[1:] if isinstance(s, dict) and isinstance(s.get("from_s"), (int, float))]
+
+
+def _draw_resumes(ax, trace: Trace, a: float, b: float) -> None:
+    for t in resumed_at(trace):
+        if a <= t <= b:  # earlier segments' events end here: the resumed run redid what came after
+            ax.axvline(t, color="#252525", lw=1.0, ls="--", zorder=7)
+            ax.annotate("resumed", (t, -0.5), xytext=(3, 2), textcoords="offset points", fontsize=8,
+                        va="bottom", annotation_clip=False)
+
+
 def title(trace: Trace, window: tuple[float, float], every: int = 1) -> str:
     """The run, the window shown and the trace's own first and last second (both since the run's start)."""
     (a, b), (t0, t1) = window, trace.span
     note = f"; 1 in {every} flow arrows drawn" if every > 1 else ""
+    resumes = resumed_at(trace)
+    if resumes:
+        note += f"; resumed at {', '.join(f'{t:.2f}' for t in resumes)} s"
     return (f"{os.path.basename(os.path.normpath(trace.run_dir))}: {a:.2f}-{b:.2f} s shown; "
             f"the trace covers {t0:.2f}-{t1:.2f} s{note}")
 
@@ -265,6 +282,7 @@ def draw_timeline(trace: Trace, window: tuple[float, float], out_path: str) -> s
     fig, ax = _figure(len(lanes))
     cats = _draw_spans(ax, lanes, a, b)
     kinds, every = _draw_flows(ax, trace.flows, a, b)
+    _draw_resumes(ax, trace, a, b)
     _legend(fig, cats, kinds)
     ax.set_yticks(range(len(lanes)), [ln.label for ln in lanes], fontsize=9)
     ax.set_ylim(len(lanes) - 0.5, -0.5)

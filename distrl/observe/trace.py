@@ -3,10 +3,12 @@
 Each process owns one `Tracer` (`configure` / `tracer`); recording appends a small tuple
 (ph, ts_us, dur_us, name, cat or flow id, thread, args) to a bounded ring, so a long run keeps its
 newest events and counts the lost ones. The driver collects every process's `drain()` (plain Python:
-it travels through Ray, which this module never imports) and `write_trace` makes one Chrome
-trace-event file (Perfetto, chrome://tracing), timed from the run's start. The writer repairs what
-recording got wrong (overlapping spans, unpaired flows) and counts every repair in `otherData`;
-`distrl.observe.trace_check.validate_trace` checks the result.
+it travels through Ray, which this module never imports; `TraceStore` keeps drains pulled during a
+run, bounded as the rings are) and `write_trace` makes one Chrome trace-event file (Perfetto,
+chrome://tracing), timed from the run's start. The writer repairs what recording got wrong
+(overlapping spans, unpaired flows) and counts every repair in `otherData`;
+`distrl.observe.trace_check.validate_trace` checks the result. A resumed run's file keeps the
+earlier segments' events (`distrl.observe.trace_segments`).
 """
 from __future__ import annotations
 
@@ -181,16 +183,31 @@ def _sort_index(role: str, index: int | None) -> int:
     return ROLE_ORDER.get(role, 7) * 100_000 + (index or 0)
 
 
-def _merge(drained: list[dict]) -> dict[int, dict]:
-    """Several drains of one process (a periodic collection) become one."""
-    procs: dict[int, dict] = {}
-    for d in drained:
-        meta = d["meta"]
-        proc = procs.setdefault(meta["pid"], {"meta": dict(meta, dropped=0, threads={}), "events": []})
-        proc["meta"]["dropped"] += meta.get("dropped", 0)
+class TraceStore:
+    """Drains of many processes, several per process, merged per process. `bounded`: kept as the rings
+    keep them, each process's newest `capacity` events, the evicted ones counted as dropped, so a
+    collector that pulls the rings all run long holds no more than the rings do (and keeps what a
+    process recorded up to the last pull, should the process die later)."""
+
+    def __init__(self, bounded: bool = True):
+        self.bounded = bounded
+        self._procs: dict[int, dict] = {}
+
+    def add(self, drained: dict) -> None:
+        meta = drained["meta"]
+        proc = self._procs.get(meta["pid"])
+        if proc is None:
+            capacity = meta.get("capacity") if self.bounded else None
+            ring = collections.deque(maxlen=max(1, int(capacity)) if capacity else None)
+            proc = self._procs[meta["pid"]] = {"meta": dict(meta, dropped=0, threads={}), "events": ring}
+        ring = proc["events"]
+        evicted = max(0, len(ring) + len(drained["events"]) - ring.maxlen) if ring.maxlen else 0
+        proc["meta"]["dropped"] += meta.get("dropped", 0) + evicted
         proc["meta"]["threads"].update(meta.get("threads") or {})
-        proc["events"].extend(d["events"])
-    return procs
+        ring.extend(drained["events"])
+
+    def drains(self) -> list[dict]:
+        return [{"meta": proc["meta"], "events": list(proc["events"])} for proc in self._procs.values()]
 
 
 def _thread_ids(pid: int, meta: dict, events: list) -> dict:
@@ -303,7 +320,7 @@ def _process_events(pid: int, proc: dict, origin: int) -> tuple[list, list, list
     return head, body, bound, repairs
 
 
-def _order(ev: dict) -> tuple:
+def order_key(ev: dict) -> tuple:
     # Parents before children at one ts; flow halves after the span they bind to.
     return ev["ts"], 0 if ev["ph"] == "X" else 1, -ev.get("dur", 0)
 
@@ -312,8 +329,8 @@ def _json_default(obj):
     return obj.item() if hasattr(obj, "item") else str(obj)  # numpy scalars in span args
 
 
-def write_trace(path: str, drained: list[dict], start_time: float, extra: dict | None = None) -> None:
-    """Merge the processes' drains into one trace-event JSON file at `path` (written atomically).
+def build_trace(drained: list[dict], start_time: float, extra: dict | None = None) -> dict:
+    """The trace-event object of the processes' drains (several drains of one process are merged).
 
     `otherData` counts what the file lacks or the writer changed: `dropped` (per process, events its
     ring evicted), `events_out_of_order`, `spans_clipped`, `flow_halves_unbound` (a flow half in no
@@ -323,7 +340,11 @@ def write_trace(path: str, drained: list[dict], start_time: float, extra: dict |
     origin = round(start_time * 1e6)
     heads, bodies, halves, dropped = {}, {}, [], {}
     repairs = dict.fromkeys(("events_out_of_order", "spans_clipped", "flow_halves_unbound"), 0)
-    for pid, proc in sorted(_merge(drained).items()):
+    store = TraceStore(bounded=False)  # the drains' collector bounded them, if it pulled more than once
+    for d in drained:
+        store.add(d)
+    for proc in sorted(store.drains(), key=lambda p: p["meta"]["pid"]):
+        pid = proc["meta"]["pid"]
         heads[pid], bodies[pid], bound, counts = _process_events(pid, proc, origin)
         halves += bound
         repairs = {k: v + counts[k] for k, v in repairs.items()}
@@ -332,12 +353,21 @@ def write_trace(path: str, drained: list[dict], start_time: float, extra: dict |
     flows, unconsumed, orphans = _pair_flows(halves)
     for ev in flows:
         bodies[ev["pid"]].append(ev)
-    events = [ev for pid, head in heads.items() for ev in head + sorted(bodies[pid], key=_order)]
+    events = [ev for pid, head in heads.items() for ev in head + sorted(bodies[pid], key=order_key)]
     lost = repairs["flow_halves_unbound"] + orphans + sum(unconsumed.values())
     other = {"start_time": start_time, "dropped": dropped, **repairs, "flow_ends_orphaned": orphans,
              "flow_starts_unconsumed": unconsumed, "flow_halves_dropped": lost, **(extra or {})}
-    obj = {"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}
+
+
+def dump_trace(path: str, obj: dict) -> None:
+    """Write a trace object as JSON, atomically: a reader never sees half a file."""
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as fh:
         json.dump(obj, fh, default=_json_default, separators=(",", ":"))
-    os.replace(tmp, path)  # a reader never sees half a file
+    os.replace(tmp, path)
+
+
+def write_trace(path: str, drained: list[dict], start_time: float, extra: dict | None = None) -> None:
+    """Merge the processes' drains into one trace-event JSON file at `path` (see `build_trace`)."""
+    dump_trace(path, build_trace(drained, start_time, extra))

@@ -13,7 +13,8 @@ from distrl.checkpoint import save_json
 from distrl.config import Config
 from distrl.core import NONFINITE, Gathered, RoleLost, RoleRestarted, Roles, TrainStats, add_to_sums
 from distrl.observe import MetricsLogger
-from distrl.observe.trace import tracer, write_trace
+from distrl.observe.trace import tracer
+from distrl.observe.trace_segments import write_run_trace
 from distrl.registry import on_policy
 from distrl.replay.store import fragments_per_update, make_rate_limiter
 from distrl.roles.evaluation import rank, save_best, saved_rank
@@ -343,11 +344,12 @@ class Driver:
         self.last_checkpoint = time.time()
 
     def _write_trace(self) -> None:
-        """RUN_DIR/trace.json from every process's ring (`distrl timeline` / `distrl report` read it)."""
+        """RUN_DIR/trace.json from every process's ring (`distrl timeline` / `distrl report` read it),
+        after the earlier segments' events when this run was resumed."""
         drained = self.roles.traces()
         if drained:
-            write_trace(os.path.join(self.run_dir, "trace.json"), drained, self.start,
-                        {"mode": self.cfg.mode, "algo": self.cfg.algo, "env": self.cfg.env.id})
+            write_run_trace(self.run_dir, drained, self.start,
+                            {"mode": self.cfg.mode, "algo": self.cfg.algo, "env": self.cfg.env.id})
 
     def _rate_summary(self, wall: float) -> dict:
         """Which side waited for the other, and the ratio that held."""

@@ -7,13 +7,15 @@ process, and the recovery is the role's own (see `_recover`).
 """
 from __future__ import annotations
 
+import time
+
 import ray
 from ray.exceptions import GetTimeoutError, RayTaskError
 from ray.util.placement_group import remove_placement_group
 
 from distrl.config import Config, to_dict
 from distrl.core import Gathered, Restarts, RoleLost, RoleRestarted, Roles, RunState, TrainStats
-from distrl.observe.trace import tracer
+from distrl.observe.trace import TraceStore, tracer
 from distrl.roles.experience import newest_store, write_store
 from distrl.roles.factory import resolve_device, trace_settings
 from distrl.runtime.actors import (Evaluator, GradientWorker, Learner, ParameterServer, ReplayServer, RolloutWorker,
@@ -45,6 +47,7 @@ class RayRoles(Roles):
         self.train_calls: dict = {}  # in-flight learner call -> updates asked
         self.rewound: list[TrainStats] = []  # learner restores to report with the next train()
         self.eval_ref = None
+        self.trace_kept, self.trace_pulls = TraceStore(), []  # rings pulled at checkpoints, and pulls in flight
         self.timings = {"env_s": 0.0, "inference_s": 0.0, "pull_s": 0.0, "learner_s": 0.0, "learner_wait_s": 0.0}
 
     def _start(self, cfg: Config, run_dir: str, start_time: float, address: str | None,
@@ -215,6 +218,7 @@ class RayRoles(Roles):
     # --- checkpoints ----------------------------------------------------------------
     def get_state(self) -> RunState:
         """Everything a checkpoint needs from the actors (waits for in-flight calls to finish)."""
+        self._pull_traces()
         learner = self.learner.get_state.remote()
         workers = [w.get_state.remote() for w in self.workers]
         for name in ("replay", "parameter_server"):  # a restart since the last look: counted and handled
@@ -300,18 +304,34 @@ class RayRoles(Roles):
     def time_breakdown(self) -> dict[str, float]:
         return dict(self.timings)
 
-    def traces(self) -> list[dict]:
-        """Every actor's recorded events (a dead actor's are lost with it) and the driver's own."""
+    def _pull_traces(self) -> None:
+        """At a checkpoint, move what the actors recorded so far to the driver, so that an actor that dies
+        takes with it only the events since. Not waited for: an actor busy in a call answers after it,
+        and its answer is kept at the next checkpoint or at the end."""
         if not self.cfg.log.trace:
-            return []
-        refs = [a.drain_trace.remote() for a in self.actors()]
-        drained = [tracer().drain()]
+            return
+        ready, self.trace_pulls = ray.wait(self.trace_pulls, num_returns=len(self.trace_pulls), timeout=0) \
+            if self.trace_pulls else ([], [])
+        self._keep_traces(ready, deadline=0.0)
+        self.trace_pulls += [a.drain_trace.remote() for a in self.actors()]
+
+    def _keep_traces(self, refs: list, deadline: float) -> None:
         for ref in refs:
             try:
-                drained.append(ray.get(ref, timeout=30))
+                self.trace_kept.add(ray.get(ref, timeout=max(0.0, deadline - time.time())))
             except (*ACTOR_GONE, RayTaskError, GetTimeoutError):
-                pass
-        return drained
+                pass  # it died before it answered (its events since the last pull went with it), or hangs
+
+    def traces(self) -> list[dict]:
+        """Every actor's recorded events (one that died keeps those pulled at checkpoints before its death)
+        and the driver's own."""
+        if not self.cfg.log.trace:
+            return []
+        refs, self.trace_pulls = self.trace_pulls + [a.drain_trace.remote() for a in self.actors()], []
+        self._keep_traces(refs, deadline=time.time() + 30)
+        self.trace_kept.add(tracer().drain())
+        return self.trace_kept.drains()
+
 
     def actors(self) -> list:
         roles = (self.learner, self.evaluator, self.replay, self.ps)

@@ -235,6 +235,8 @@ def test_report_names_the_learner_on_a_learner_bound_run(runs, capsys):
     for name in ("driver", "learner", "replay", "worker 0", "worker 2", "evaluator"):
         assert any(line.startswith(name) for line in out.splitlines()), name
     assert "policy lag" in out and "p90 3" in out
+    # Each fragment leaves its worker 10 µs before the end of `sample`; the replay adds it 2.2 ms after that end.
+    assert "fragments in flight (end of a worker's sample to the replay's add), 54: median 2.2 ms, p90 2.2 ms" in out
 
 
 def test_report_names_the_workers_on_a_sampling_bound_run(runs, capsys):
@@ -250,6 +252,8 @@ def test_report_names_the_workers_on_a_sampling_bound_run(runs, capsys):
     assert workers["env"] > workers["inference"] > 0  # self time: env_step and inference inside sample
     assert workers["rollout"] < workers["env"]  # the container keeps only its own remainder
     assert report["policy_lag"]["summary"]["p90"] == 3.0 and report["policy_lag"]["per_interval"]["rows"] == 12
+    flight = report["fragment_in_flight"]  # a busy replay server keeps some fragments waiting longer
+    assert flight["median_ms"] == pytest.approx(2.21) and flight["max_ms"] > 2.5 and flight["n"] > 700
 
 
 def test_report_single_mode_judges_learning_against_sampling(runs, capsys):

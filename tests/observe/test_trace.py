@@ -15,8 +15,9 @@ START = time.time()
 
 @pytest.fixture(autouse=True)
 def fresh_process_tracer():
-    """configure() replaces a process-wide tracer: put the disabled one back after each test."""
-    saved = T._TRACER
+    """configure() replaces a process-wide tracer: each test starts with a disabled one (a Ray run earlier in
+    the session leaves the driver's enabled), and the one before is put back after it."""
+    saved, T._TRACER = T._TRACER, T.Tracer()
     yield
     T._TRACER = saved
 
@@ -270,6 +271,23 @@ def test_drains_of_one_process_merge(tmp_path):
     path, obj = write(tmp_path, [first, tr_drain])
     assert len(body(obj, 11)) == 6 and obj["otherData"]["dropped"] == {"learner": 4}
     assert validate_trace(path) == []
+
+
+def test_a_store_of_pulled_drains_keeps_what_each_ring_would_keep():
+    """A collector pulls the rings during a run: per process it holds the newest `capacity` events of all
+    its pulls, counting the older as dropped, and it keeps a process that answers no more pulls."""
+    store = T.TraceStore()
+    worker, learner = T.Tracer("worker", 0, enabled=True, capacity=4), T.Tracer("learner", enabled=True, capacity=4)
+    learner.instant("before it died", "driver")
+    store.add(as_process(learner.drain(), 11))
+    for pull in range(3):
+        for i in range(3):
+            worker.instant(f"e{pull}{i}", "driver")
+        store.add(as_process(worker.drain(), 20))
+    kept = {d["meta"]["pid"]: d for d in store.drains()}
+    assert [e[3] for e in kept[20]["events"]] == ["e12", "e20", "e21", "e22"]
+    assert kept[20]["meta"]["dropped"] == 5 and kept[20]["meta"]["capacity"] == 4
+    assert [e[3] for e in kept[11]["events"]] == ["before it died"] and kept[11]["meta"]["dropped"] == 0
 
 
 # --- the checker ---------------------------------------------------------------------------
