@@ -15,6 +15,7 @@ from distrl.roles.factory import build_algorithm
 from distrl.runtime.actors import ParameterServer, RolloutWorker
 from distrl.runtime.inference import InferenceServer
 from tests.runtime.processes import kill_one_once_logging
+from tests.runtime.test_trace import assert_trace_has_every_lane, run_lanes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 QUIET = ["log.tensorboard=false", "log.progress=false"]
@@ -99,6 +100,7 @@ def test_a_sync_run_with_central_inference_learns_cartpole(ray_session, tmp_path
                                "stop.max_seconds=120", "log.trace=true", *QUIET])
     assert summary["solved"], summary
     assert_the_server_batched_both_workers(run_dir)
+    assert_trace_has_every_lane(run_dir, run_lanes("sync", inference=True))
 
 
 @pytest.mark.parametrize("overrides, message", [
