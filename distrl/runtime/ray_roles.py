@@ -27,6 +27,11 @@ from distrl.runtime.watch import RoleWatch
 from distrl.runtime.workers import WorkerPool
 
 
+# Whose calls block on whom: a role silent because one of these hangs is not the one to blame.
+WAITS_ON = {"learner": ("replay", "parameter_server"), "evaluator": ("parameter_server",),
+            "inference": ("parameter_server",)}
+
+
 class RayRoles(Roles):
     """ParameterServer, ReplayServer, Learner, Evaluator and N RolloutWorkers as actors."""
 
@@ -84,7 +89,7 @@ class RayRoles(Roles):
         # front, has to be re-placed after a node loss, and must be removed at the end.
         self.watch = RoleWatch({"learner": self.learner, "replay": self.replay, "parameter_server": self.ps,
                                 "evaluator": self.evaluator, **{"inference": s for s in self.inference}},
-                               f.role_timeout_s)
+                               f.role_timeout_s, waits_on=WAITS_ON)
         if address:  # the roles hold their CPUs before workers ask: a worker on the learner's node could take them
             self._wait_for_roles()
         strategy = cfg.placement.workers_strategy  # pack needs a group: Ray has no per-actor PACK strategy
@@ -97,9 +102,9 @@ class RayRoles(Roles):
         self.pool = WorkerPool(workers, cfg)
         if not address:  # embedded, no role reserves a CPU: workers start alongside the roles
             self._wait_for_roles()
-        self._get(self.learner.publish.remote())  # version 0 exists before any worker acts
+        self._get(self.learner.publish.remote(), "learner")  # version 0 exists before any worker acts
         # What a restarted learner is restored to: the newest checkpoint's state, or this one before it.
-        self.learner_state = self._get(self.learner.get_state.remote())
+        self.learner_state = self._get(self.learner.get_state.remote(), "learner")
 
     def _wait_for_roles(self) -> None:
         for name in self.watch.actors:  # their processes start in parallel; wait once for all
@@ -117,7 +122,7 @@ class RayRoles(Roles):
         adds = [self.replay.add.remote(data_ref) for _, data_ref in pairs]
         if self.pool.gatherer.waits_for_learner and adds:
             try:
-                self._get(adds)  # the learner must see this data before it trains
+                self._get(adds, "replay")  # the learner must see this data before it trains
             except RoleRestarted:  # the replay server died under these adds: their fragments are lost
                 pairs, failed = [], failed + len(pairs)
         infos = [info for info, _ in pairs]
@@ -128,13 +133,17 @@ class RayRoles(Roles):
             raise RoleLost(f"every rollout worker stayed unreachable for {self.cfg.fault.worker_timeout_s:.0f} s")
         return Gathered(infos, ready=ready, late=late, failed=failed)
 
-    def _get(self, refs):
-        """ray.get with the fault timeout, so a wait never hangs a run. A role that died under the call is
-        waited for and put back in the run, and the call raises `RoleRestarted` (its result is lost)."""
+    def _get(self, refs, role: str | None = None):
+        """ray.get with the fault timeout, so a wait never hangs a run: `role`, whose call it is, is alive but
+        hung when it does not answer in time (`RoleLost`). A role that died under the call is waited for and
+        put back in the run, and the call raises `RoleRestarted` (its result is lost)."""
+        timeout_s = self.cfg.fault.role_timeout_s
         try:
-            return ray.get(refs, timeout=self.cfg.fault.role_timeout_s)
+            return ray.get(refs, timeout=timeout_s)
         except GetTimeoutError:
-            raise RoleLost(f"a call took longer than fault.role_timeout_s={self.cfg.fault.role_timeout_s:.0f} s") from None
+            if role is not None:
+                raise self.watch.hung([role], timeout_s) from None
+            raise RoleLost(f"a call took longer than fault.role_timeout_s={timeout_s:.0f} s") from None
         except (*ACTOR_GONE, RayTaskError) as e:
             name = self._died(e)
             if name is None:  # not a death: a fault of the code the call ran
@@ -176,7 +185,6 @@ class RayRoles(Roles):
             self.train_calls[ref] = n
             budget -= n
             if self.pool.gatherer.waits_for_learner:
-                ray.wait([ref], timeout=self.cfg.fault.role_timeout_s)
                 done.extend(self._train_result(ref))
         for s in done:
             self.timings["learner_s"] += s.learner_s
@@ -188,7 +196,7 @@ class RayRoles(Roles):
         role's recovery, and the call's updates are not counted (the learner's state says what stands)."""
         self.train_calls.pop(ref, None)
         try:
-            return [self._get(ref)]
+            return [self._get(ref, "learner")]
         except RoleRestarted:  # already recovered; a restored learner's rewind is reported instead
             done, self.rewound = self.rewound, []
             return done
@@ -199,7 +207,7 @@ class RayRoles(Roles):
             # Its in-flight calls died with it; its state goes back to the newest checkpoint's, and its
             # weights replace those of the updates that were lost.
             self.train_calls.clear()
-            version = self._get(self.learner.set_state.remote(self.learner_state))
+            version = self._get(self.learner.set_state.remote(self.learner_state), "learner")
             self.rewound.append(TrainStats(rewound_to=int(self.learner_state["state"]["updates"]), version=version))
         elif name == "parameter_server":
             self.learner.publish.remote()  # it came back empty: the learner's newest weights, now
@@ -208,7 +216,7 @@ class RayRoles(Roles):
             # driver's node (no copy through the object store), else read here and sent.
             on_this_node = self.replay_on_driver_node()
             self.replay_refilled += self._get(self.replay.refill.remote(
-                self.run_dir if on_this_node else None, None if on_this_node else newest_store(self.run_dir)))
+                self.run_dir if on_this_node else None, None if on_this_node else newest_store(self.run_dir)), "replay")
         # The evaluator needs nothing; the inference server pulls the weights before it answers (its
         # recurrent states start from zero).
 
@@ -224,7 +232,7 @@ class RayRoles(Roles):
         for name in ("replay", "parameter_server"):  # a restart since the last look: counted and handled
             if self.watch.wait_for(name, self.cfg.fault.role_timeout_s):
                 self._recover(name)
-        state = {"learner": self._get(learner), "store": self._store_writer(),
+        state = {"learner": self._get(learner, "learner"), "store": self._store_writer(),
                  "workers": self._get_workers(workers)}
         if state["learner"] is not None:
             self.learner_state = state["learner"]
@@ -241,23 +249,23 @@ class RayRoles(Roles):
         return out
 
     def replay_on_driver_node(self) -> bool:
-        return self._get(self.replay.node_id.remote()) == ray.get_runtime_context().get_node_id()
+        return self._get(self.replay.node_id.remote(), "replay") == ray.get_runtime_context().get_node_id()
 
     def _store_writer(self):
         max_bytes = self.cfg.checkpoint.max_replay_bytes
         if self.replay_on_driver_node():  # same disk: the server writes its own file
-            return lambda directory: self._get(self.replay.write.remote(directory, max_bytes))
-        return lambda directory: write_store(directory, self._get(self.replay.state.remote(max_bytes)))
+            return lambda directory: self._get(self.replay.write.remote(directory, max_bytes), "replay")
+        return lambda directory: write_store(directory, self._get(self.replay.state.remote(max_bytes), "replay"))
 
     def store_digest(self) -> str | None:
-        return self._get(self.replay.digest.remote())
+        return self._get(self.replay.digest.remote(), "replay")
 
     def set_state(self, state: RunState) -> None:
         refs = [w.set_state.remote(s) for w, s in zip(self.workers, state["workers"]) if s is not None]
         if state["store"] is not None:
             refs.append(self.replay.load.remote(state["store"]))
         self._get(refs)
-        self._get(self.learner.set_state.remote(state["learner"]))
+        self._get(self.learner.set_state.remote(state["learner"]), "learner")
         self.learner_state = state["learner"]
 
     # --- evaluator ------------------------------------------------------------------
@@ -332,12 +340,24 @@ class RayRoles(Roles):
         self.trace_kept.add(tracer().drain())
         return self.trace_kept.drains()
 
+    def _settle_calls(self) -> None:
+        """Read the outcome of learner calls still in flight (a run that ended on a fault), waiting a moment,
+        so that Ray does not print one that failed as an unhandled error: a learner call fails once a hung
+        replay server it waits on is ended."""
+        refs = list(getattr(self, "train_calls", {}))
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=1.0) if refs else ([], [])
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except (*ACTOR_GONE, RayTaskError):
+                pass
 
     def actors(self) -> list:
         roles = (self.learner, self.evaluator, self.replay, self.ps)
         return [*self.workers, *(a for a in roles if a is not None), *self.gradient_workers, *self.inference]
 
     def close(self) -> None:
+        self._settle_calls()
         for actor in self.actors():
             ray.kill(actor)
         for group in (self.group, getattr(self, "worker_group", None)):  # _start may have failed before either

@@ -7,6 +7,11 @@ answers when they are ready, and reports which roles came back as new processes.
 A role is `RoleLost` once two calls in a row find it dead (a role being restarted
 answers "unavailable", or late; a dead one whose restarts are used up, "died"), or
 when its calls keep failing for longer than the timeout.
+
+A role whose call goes unanswered for longer than the timeout without failing is alive but hung (a
+SIGSTOPped process, a deadlock, a lost node that Ray has not declared dead), or waiting on one that is.
+Ray restarts only dead processes, so it is `RoleLost` too: the run ends naming the hung role, whose
+process is ended so that winding down fails fast on it instead of waiting on it again.
 """
 from __future__ import annotations
 
@@ -20,14 +25,16 @@ from distrl.runtime.ray_setup import ACTOR_GONE
 
 
 class RoleWatch:
-    def __init__(self, actors: dict, timeout_s: float, interval_s: float = 1.0):
+    def __init__(self, actors: dict, timeout_s: float, interval_s: float = 1.0, waits_on: dict | None = None):
         self.actors = actors  # name -> actor handle
+        self.waits_on = waits_on or {}  # name -> roles its calls wait on (a learner on the replay server)
         self.timeout_s = timeout_s
         self.failing_since: dict[str, float] = {}  # name -> when its pid calls started failing
         self.died: dict[str, int] = {}  # name -> pid calls in a row that found it dead
         self.pids: dict[str, int | None] = dict.fromkeys(actors)
         self.restarts: dict[str, int] = dict.fromkeys(actors, 0)
         self.pending: dict[str, ray.ObjectRef] = {}
+        self.asked: dict[str, float] = {}  # name -> when its pending pid call was sent
         self.interval_s, self.last_ask = interval_s, 0.0
 
     def poll(self) -> list[str]:
@@ -45,12 +52,25 @@ class RoleWatch:
                         continue
                     if self._seen(name, pid):
                         replaced.append(name)
+            self._check_overdue()
         if time.time() - self.last_ask >= self.interval_s:
             self.last_ask = time.time()
             for name, actor in self.actors.items():
                 if name not in self.pending:
                     self.pending[name] = actor.pid.remote()
+                    self.asked[name] = self.last_ask
         return replaced
+
+    def _check_overdue(self) -> None:
+        """RoleLost for roles whose pid call has waited longer than the timeout: a busy role answers it
+        between two of its calls, a dead one fails it."""
+        now = time.time()
+        late = [name for name in self.pending if now - self.asked[name] > self.timeout_s]
+        for name in late:
+            if name in self.failing_since:  # died, and its new process has not answered since
+                raise RoleLost(f"the {name.replace('_', ' ')} died and did not come back within {self.timeout_s:.0f} s")
+        if late:
+            raise self.hung(late, self.timeout_s)
 
     def wait_for(self, name: str, timeout_s: float) -> bool:
         """Block until `name` answers; True if it is a new process (counted). RoleLost after `timeout_s`."""
@@ -64,8 +84,39 @@ class RoleWatch:
                 if not isinstance(e, GetTimeoutError):
                     self._failing(name, e)
                 if time.time() > deadline:
-                    raise RoleLost(f"the {name.replace('_', ' ')} did not come back within {timeout_s:.0f} s") from None
+                    raise self._gave_up(name, timeout_s) from None
                 time.sleep(0.5)
+
+    def _gave_up(self, name: str, timeout_s: float) -> RoleLost:
+        role = name.replace("_", " ")
+        if self.pids[name] is None:
+            return RoleLost(f"the {role} did not start within {timeout_s:.0f} s (fault.role_timeout_s)")
+        if name in self.failing_since:
+            return RoleLost(f"the {role} died and did not come back within {timeout_s:.0f} s")
+        return self.hung([name], timeout_s)
+
+    def hung(self, names: list[str], timeout_s: float) -> RoleLost:
+        """Why the run cannot go on with `names` alive but silent: they, or the roles they wait on that do
+        not answer either (a learner blocked on a hung replay server is silent too). Those are ended, with
+        no restart."""
+        causes = []
+        for name in names:
+            causes += [r for r in self.waits_on.get(name, ()) if r in self.actors and self._silent(r)] or [name]
+        causes = list(dict.fromkeys(causes))
+        for name in causes:
+            ray.kill(self.actors[name], no_restart=True)
+        roles = " and the ".join(name.replace("_", " ") for name in causes)
+        return RoleLost(f"the {roles} stopped answering: no reply within {timeout_s:.0f} s (fault.role_timeout_s)")
+
+    def _silent(self, name: str, within_s: float = 2.0) -> bool:
+        """No answer within `within_s` (a dead or restarting role fails its call: it is not hung)."""
+        try:
+            ray.get(self.actors[name].pid.remote(), timeout=within_s)
+        except GetTimeoutError:
+            return True
+        except (*ACTOR_GONE, RayTaskError):
+            pass
+        return False
 
     def _failing(self, name: str, err: Exception) -> None:
         """The call in flight when a role dies fails too: only a second one in a row that finds it dead

@@ -1,11 +1,14 @@
-"""Fault tolerance through real processes: SIGKILLed workers, envs that raise."""
+"""Fault tolerance through real processes: SIGKILLed workers, envs that raise, a replay server and an
+evaluator killed, an evaluator that hangs."""
+import csv
+import json
 import os
 import signal
 import threading
 import time
 
 from distrl import train
-from tests.runtime.processes import pids_of, stop_as_ctrl_c
+from tests.runtime.processes import descends_from_us, pids_of, started_at
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CARTPOLE = os.path.join(ROOT, "configs", "apex_dqn_cartpole.yaml")
@@ -64,43 +67,108 @@ def newest_done_checkpoint(run_dir: str) -> str | None:
     return done[-1] if done else None
 
 
-def test_replay_server_and_evaluator_deaths_are_survived(ray_session, tmp_path):
+def newest_done_meta(run_dir: str) -> dict:
+    return json.load(open(os.path.join(run_dir, "checkpoints", newest_done_checkpoint(run_dir), "meta.json")))
+
+
+def best_return(run_dir: str) -> float | None:
+    try:
+        return json.load(open(os.path.join(run_dir, "checkpoints", "best.json")))["return_mean"]
+    except (OSError, ValueError):
+        return None  # none yet (best.json is written whole, by a rename)
+
+
+HANG_TIMEOUT_S = 8  # fault.role_timeout_s of the runs below: above a role's start-up on a loaded machine
+
+
+def test_replay_server_and_evaluator_deaths_are_survived_and_a_hung_evaluator_ends_the_run(ray_session, tmp_path):
     """Sync mode, where the driver waits on the replay server's adds: the server is stopped (so a call is
     surely in flight) and then killed; it comes back refilled from the newest checkpoint. Then the
-    evaluator is killed. Once the run has logged a few more rows it is stopped as a Ctrl-C would."""
-    run_dir = str(tmp_path / "run")
-    killed = {}
+    evaluator is killed, and once its new process has been up a few seconds it is stopped (SIGSTOP: alive,
+    answering nothing) for good. Training goes on while it hangs; after fault.role_timeout_s the run ends
+    naming it, with a final checkpoint. best.json, read all along, never goes down, although the restarted
+    evaluator starts from no best of its own."""
+    run_dir, done = str(tmp_path / "run"), threading.Event()
+    killed, bests = {}, []  # bests: (time, best.json's return) whenever it changes
+    # Actors of an earlier test may still be exiting: only processes that were not there are this run's.
+    before = {(pid, started_at(pid)) for name in ("ReplayServer", "Evaluator") for pid in pids_of(name)}
+
+    def ours(name: str) -> list[int]:
+        return [pid for pid in pids_of(name) if (pid, started_at(pid)) not in before]
 
     def rows() -> int:
         path = os.path.join(run_dir, "metrics.csv")
         return len(open(path).readlines()) if os.path.exists(path) else 0
 
+    def watch_best():
+        while not done.is_set():
+            now = best_return(run_dir)
+            if now is not None and (not bests or bests[-1][1] != now):
+                bests.append((time.time(), now))
+            time.sleep(0.02)
+
     def killer():
         deadline = time.time() + 90
-        while time.time() < deadline and newest_done_checkpoint(run_dir) is None:
+        while time.time() < deadline and newest_done_checkpoint(run_dir) is None and not done.is_set():
             time.sleep(0.2)
-        pid = pids_of("ReplayServer")[0]
+        if done.is_set():  # the run ended early: its failure shows in the assertions
+            return
+        pid = ours("ReplayServer")[0]
         os.kill(pid, signal.SIGSTOP)
         time.sleep(1.5)
         os.kill(pid, signal.SIGKILL)
         killed["ReplayServer"] = pid
         time.sleep(2.0)
-        pid = pids_of("Evaluator")[0]
+        pid = ours("Evaluator")[0]
         os.kill(pid, signal.SIGKILL)
-        killed["Evaluator"] = pid
-        after = rows()
-        while time.time() < deadline and rows() < after + 8:
+        killed["Evaluator"] = (pid, time.time())
+        after, since = rows(), {}
+        while time.time() < deadline and not done.is_set():
+            for new in ours("Evaluator"):  # its restart is counted once the driver has seen the new pid
+                since.setdefault(new, time.time())
+            up = [p for p, t in since.items() if p != pid and time.time() - t > 3.0]
+            if up and rows() >= after + 8:
+                os.kill(up[0], signal.SIGSTOP)
+                killed["hung Evaluator"] = (up[0], time.time())
+                return
             time.sleep(0.2)
-        stop_as_ctrl_c()
 
-    thread = threading.Thread(target=killer, daemon=True)
-    thread.start()
-    summary = train(CARTPOLE, run_dir=run_dir, overrides=[
-        "mode=sync", "workers=2", "stop.max_seconds=90", "eval.target_return=null", "checkpoint.interval_s=2",
-        "eval.interval_s=0.3", "log.interval_s=0.25", "log.progress=false", "log.tensorboard=false"])
-    thread.join(timeout=5)
-    assert set(killed) == {"ReplayServer", "Evaluator"}, (killed, summary)
+    threads = [threading.Thread(target=f, daemon=True) for f in (killer, watch_best)]
+    for thread in threads:
+        thread.start()
+    start = time.time()
+    try:
+        summary = train(CARTPOLE, run_dir=run_dir, overrides=[
+            "mode=sync", "workers=2", "stop.max_seconds=90", "eval.target_return=null", "checkpoint.interval_s=2",
+            f"fault.role_timeout_s={HANG_TIMEOUT_S}", "eval.interval_s=0.3", "log.interval_s=0.25",
+            "log.progress=false", "log.tensorboard=false"])
+        ended = time.time()
+    finally:
+        done.set()
+        for thread in threads:
+            thread.join(timeout=5)
+        pid = killed.get("hung Evaluator", (None,))[0]
+        if pid is not None and descends_from_us(pid):
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass  # the run ended it
+    assert set(killed) == {"ReplayServer", "Evaluator", "hung Evaluator"}, (killed, summary)
     assert summary["replay_restarts"] >= 1 and summary["replay_refilled_items"] > 0, summary
     assert summary["evaluator_restarts"] >= 1, summary
-    assert summary["stop_reason"] == "interrupted" and summary["failure"] is None, summary
     assert summary["updates"] > 0
+    # The hang, and nothing before it, ended the run: once, after the timeout, naming the evaluator.
+    hung_at = killed["hung Evaluator"][1]
+    assert summary["stop_reason"] == "role_failure", summary
+    assert summary["failure"] == (f"stopped: the evaluator stopped answering: no reply within {HANG_TIMEOUT_S} s "
+                                  "(fault.role_timeout_s)"), summary
+    assert HANG_TIMEOUT_S - 2 < ended - hung_at < HANG_TIMEOUT_S + 7, (ended - hung_at, summary)
+    metrics = list(csv.DictReader(open(os.path.join(run_dir, "metrics.csv"))))
+    went_on = [int(r["updates"]) for r in metrics if float(r["wall_s"]) > hung_at - start + 1.0]
+    assert went_on and went_on[-1] > went_on[0], summary  # training went on while the evaluator hung
+    meta = newest_done_meta(run_dir)  # the final checkpoint: it needs no evaluator
+    assert (meta["counters"]["env_steps"], meta["counters"]["updates"]) == (summary["env_steps"], summary["updates"])
+    # The best only improved, across the evaluator's restart.
+    values = [v for _, v in bests]
+    assert values == sorted(values), bests
+    assert values[-1] == summary["best_eval_return"] == max(float(r["best_eval_return"] or "-inf") for r in metrics)

@@ -1,7 +1,7 @@
 """Every role may die: SIGKILLed learner (inside the first checkpoint interval, and after a checkpoint while
 a checkpoint waits on it) and parameter server during an async Ape-X run; the run finishes solved and counts
-what happened. A role whose restarts are used up ends the run with its cause. A restored learner's weights
-replace the lost ones at the parameter server."""
+what happened. A role whose restarts are used up, or that hangs, ends the run with its cause. A restored
+learner's weights replace the lost ones at the parameter server."""
 import csv
 import glob
 import json
@@ -11,7 +11,7 @@ import threading
 import time
 
 from distrl import train
-from tests.runtime.processes import kill_one_once_logging, pids_of
+from tests.runtime.processes import descends_from_us, kill_one_once_logging, pids_of, started_at
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CARTPOLE = os.path.join(ROOT, "configs", "apex_dqn_cartpole.yaml")
@@ -84,6 +84,55 @@ def test_a_role_whose_restarts_are_used_up_ends_the_run_with_its_cause(ray_sessi
     assert "evaluator" in summary["failure"] and "restarts are used up" in summary["failure"], summary
     assert time.time() - killed[0][1] < 30, summary  # noticed at once, not after fault.role_timeout_s (120 s)
     assert newest_checkpoint_updates(run_dir) is not None  # the run is resumable
+
+
+HANG_TIMEOUT_S = 8  # fault.role_timeout_s: above a role's start-up on a loaded machine
+
+
+def test_a_role_that_hangs_ends_the_run_at_once_naming_it(ray_session, tmp_path, capfd):
+    """Sync mode, after a checkpoint: the replay server is stopped (SIGSTOP: alive, answering nothing) for good.
+    Ray restarts only dead processes, so the run ends once fault.role_timeout_s has passed (not after a
+    second wait on it while winding down): stop_reason role_failure, the cause in one line naming the replay
+    server (not the learner, which waits on it and so stops answering too), summary.json, the newest
+    checkpoint to resume from, and no traceback."""
+    run_dir, done, stopped = str(tmp_path / "run"), threading.Event(), {}
+    before = {(pid, started_at(pid)) for pid in pids_of("ReplayServer")}  # an earlier test's may still be exiting
+
+    def stop_replay():
+        deadline = time.time() + 90
+        while time.time() < deadline and newest_checkpoint_updates(run_dir) is None and not done.is_set():
+            time.sleep(0.1)
+        ours = [pid for pid in pids_of("ReplayServer") if (pid, started_at(pid)) not in before]
+        if ours and not done.is_set():
+            os.kill(ours[0], signal.SIGSTOP)
+            stopped.update(pid=ours[0], at=time.time())
+
+    thread = threading.Thread(target=stop_replay, daemon=True)
+    thread.start()
+    try:
+        summary = train(CARTPOLE, run_dir=run_dir, overrides=[
+            "mode=sync", "workers=2", f"fault.role_timeout_s={HANG_TIMEOUT_S}", "checkpoint.interval_s=1",
+            "stop.max_seconds=90", "eval.target_return=null", "log.progress=false", "log.tensorboard=false",
+            "log.interval_s=0.25"])
+        ended = time.time()
+    finally:
+        done.set()
+        thread.join(timeout=5)
+        if "pid" in stopped and descends_from_us(stopped["pid"]):
+            try:
+                os.kill(stopped["pid"], signal.SIGCONT)
+            except ProcessLookupError:
+                pass  # the run ended it
+    assert stopped, summary
+    assert summary["stop_reason"] == "role_failure", summary
+    assert summary["failure"] == (f"stopped: the replay stopped answering: no reply within {HANG_TIMEOUT_S} s "
+                                  "(fault.role_timeout_s)"), summary
+    assert HANG_TIMEOUT_S - 2 < ended - stopped["at"] < HANG_TIMEOUT_S + 7, (ended - stopped["at"], summary)
+    assert json.load(open(os.path.join(run_dir, "summary.json")))["failure"] == summary["failure"]
+    assert not os.path.exists(os.path.join(run_dir, "failure.log"))  # a fault the runtime expects, not a bug
+    assert newest_checkpoint_updates(run_dir) is not None  # the run is resumable
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Unhandled error" not in err, err
 
 
 def test_a_restored_learners_weights_replace_newer_ones_at_the_parameter_server(ray_session):
