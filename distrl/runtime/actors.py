@@ -31,14 +31,23 @@ def start_tracing(trace: tuple[bool, int], role: str, index: int | None = None) 
     configure(role, index, enabled, capacity, node=ray.get_runtime_context().get_node_id()[:8])
 
 
+# Roles answer `pid` (the driver's health check) on a thread of its own, so a role busy in a long call
+# (an evaluation, a big checkpoint) still answers, and only a stopped or lost process goes silent.
+HEALTH = {"health": 1}
+
+
 class Traced:
-    """Lets the driver collect what this actor recorded."""
+    """Lets the driver collect what this actor recorded and check that its process answers."""
 
     def drain_trace(self) -> dict:
         return tracer().drain()
 
+    @ray.method(concurrency_group="health")
+    def pid(self) -> int:
+        return os.getpid()
 
-@ray.remote(num_cpus=0, enable_task_events=False)
+
+@ray.remote(num_cpus=0, enable_task_events=False, concurrency_groups=HEALTH)
 class ParameterServer(Traced):
     """Newest weights and their version. Holds an ObjectRef, so weights are serialised once."""
 
@@ -60,11 +69,9 @@ class ParameterServer(Traced):
             return self.version, self.ref
         return None
 
-    def pid(self) -> int:
-        return os.getpid()
 
 
-@ray.remote(num_cpus=0, enable_task_events=False)
+@ray.remote(num_cpus=0, enable_task_events=False, concurrency_groups=HEALTH)
 class ReplayServer(Traced):
     """Hosts the run's `ExperienceServer`: replay, or the on-policy trajectory FIFO."""
 
@@ -111,8 +118,6 @@ class ReplayServer(Traced):
     def update_priorities(self, indices, priorities, generations) -> None:
         self.experience.update_priorities(indices, priorities, generations)
 
-    def pid(self) -> int:
-        return os.getpid()
 
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()
@@ -137,7 +142,7 @@ class ReplayServer(Traced):
         self.experience.load(state)
 
 
-@ray.remote(enable_task_events=False)
+@ray.remote(enable_task_events=False, concurrency_groups=HEALTH)
 class RolloutWorker(Traced):
     """Steps `env.num_envs` envs with batched inference; one fragment per `sample` call."""
 
@@ -199,8 +204,6 @@ class RolloutWorker(Traced):
         self.last_return = time.time()
         return frag.info, (frag.data, frag.priorities, frag.info.fragment_id)
 
-    def pid(self) -> int:
-        return os.getpid()
 
     def get_state(self) -> dict:
         return self.rollout.get_state()
@@ -269,7 +272,7 @@ class RayIO(LearnerIO):
                 pass
 
 
-@ray.remote(enable_task_events=False)
+@ray.remote(enable_task_events=False, concurrency_groups=HEALTH)
 class Learner(Traced):
     """Hosts the `LearnerLoop`: the only optimizer.step(), prefetching its next block while it trains."""
 
@@ -288,8 +291,6 @@ class Learner(Traced):
         self.loop = LearnerLoop(learner, cfg, RayIO(ps, replay))
         self.trimmer = HeapTrimmer()
 
-    def pid(self) -> int:
-        return os.getpid()
 
     def publish(self) -> int:
         version = self.loop.publish()
@@ -308,7 +309,7 @@ class Learner(Traced):
         return self.loop.set_state(state)
 
 
-@ray.remote(num_cpus=0, enable_task_events=False)
+@ray.remote(num_cpus=0, enable_task_events=False, concurrency_groups=HEALTH)
 class Evaluator(Traced):
     """Plays greedy episodes with the newest published weights; a new best comes back with its weights."""
 
@@ -337,11 +338,9 @@ class Evaluator(Traced):
             return os.getpid(), None
         return os.getpid(), self.evaluation.evaluate(self.weights, self.version, env_steps)
 
-    def pid(self) -> int:
-        return os.getpid()
 
 
-@ray.remote(num_cpus=0, enable_task_events=False)
+@ray.remote(num_cpus=0, enable_task_events=False, concurrency_groups=HEALTH)
 class GradientWorker(Traced):
     """A replica of the learner's network and loss that computes the gradient of one shard of each
     learner step (`distrl.algos.sharding`); it never steps an optimizer. A call is a pure function of
@@ -356,8 +355,6 @@ class GradientWorker(Traced):
         start_tracing(trace_settings(cfg), "gradient_worker", index)
         self.replica = build_algorithm(cfg).make_learner("cpu")
 
-    def pid(self) -> int:
-        return os.getpid()
 
     def node(self) -> str:
         return ray.get_runtime_context().get_node_id()
