@@ -91,7 +91,7 @@ class FaultConfig:
     max_env_errors: int = f(1000, "env exceptions or non-finite env outputs (each ends its episode and is counted) before the run stops", lo=0)
     max_role_restarts: int = f(10, "restarts of the learner, replay server, parameter server or evaluator (each) before the run stops", lo=0)
     worker_timeout_s: float = f(120.0, "a worker call, or a dead worker's restart, taking longer than this counts as failed", lo=1.0, hi=WEEK_S)
-    role_timeout_s: float = f(120.0, "how long the driver waits for a restarted role, or a learner call, before it gives up", lo=1.0, hi=WEEK_S)
+    role_timeout_s: float = f(120.0, "how long the driver waits for a role to start, come back after a death, or answer its health check, before the run ends", lo=1.0, hi=WEEK_S)
     max_nonfinite_updates: int = f(100, "updates in a row skipped for a NaN or inf loss or gradient before the run stops", lo=1)
 
 
