@@ -22,7 +22,16 @@ def hardware() -> dict:
     import torch
 
     return {"cpu": model, "cores": os.cpu_count(), "python": platform.python_version(),
-            "torch": torch.__version__, "gpu": torch.cuda.is_available()}
+            "torch": torch.__version__, "gpu": torch.cuda.is_available(), "commit": measured_commit()}
+
+
+def measured_commit() -> str | None:
+    """The commit whose code ran, '+dirty' when distrl/ or bench/ (results aside) had uncommitted changes."""
+    def git(*args):
+        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+
+    sha = git("rev-parse", "--short", "HEAD")
+    return (sha + ("+dirty" if git("status", "--porcelain", "--", "distrl", "bench", ":!bench/results") else "")) if sha else None
 
 
 def steady_rates(run_dir: str, warmup_s: float = 2.0) -> dict:
