@@ -8,10 +8,12 @@ A role is `RoleLost` once two calls in a row find it dead (a role being restarte
 answers "unavailable", or late; a dead one whose restarts are used up, "died"), or
 when its calls keep failing for longer than the timeout.
 
-A role whose call goes unanswered for longer than the timeout without failing is alive but hung (a
-SIGSTOPped process, a deadlock, a lost node that Ray has not declared dead), or waiting on one that is.
-Ray restarts only dead processes, so it is `RoleLost` too: the run ends naming the hung role, whose
-process is ended so that winding down fails fast on it instead of waiting on it again.
+Roles answer `pid()` on a thread of their own, so a role busy in a long call still answers it. One
+whose `pid()` goes unanswered for longer than the timeout without failing is alive but hung (a
+SIGSTOPped process, a lost node that Ray has not declared dead). Ray restarts only dead processes, so it
+is `RoleLost` too, as is a role whose work call outlasts the timeout (stuck, or waiting on a hung role):
+the run ends naming the role, whose process is ended so that winding down fails fast on it instead of
+waiting on it again.
 """
 from __future__ import annotations
 
@@ -96,16 +98,19 @@ class RoleWatch:
         return self.hung([name], timeout_s)
 
     def hung(self, names: list[str], timeout_s: float) -> RoleLost:
-        """Why the run cannot go on with `names` alive but silent: they, or the roles they wait on that do
-        not answer either (a learner blocked on a hung replay server is silent too). Those are ended, with
-        no restart."""
+        """Why the run cannot go on with calls to `names` unanswered: the roles they wait on that are silent
+        (a learner's call blocks on a stopped replay server), else they themselves. Those are ended, with
+        no restart. A role that still answers its health check was only slow: the error says so."""
         causes = []
         for name in names:
             causes += [r for r in self.waits_on.get(name, ()) if r in self.actors and self._silent(r)] or [name]
         causes = list(dict.fromkeys(causes))
+        slow = not any(self._silent(name) for name in causes)
         for name in causes:
             ray.kill(self.actors[name], no_restart=True)
         roles = " and the ".join(name.replace("_", " ") for name in causes)
+        if slow:
+            return RoleLost(f"a call to the {roles} took longer than {timeout_s:.0f} s (fault.role_timeout_s)")
         return RoleLost(f"the {roles} stopped answering: no reply within {timeout_s:.0f} s (fault.role_timeout_s)")
 
     def _silent(self, name: str, within_s: float = 2.0) -> bool:
