@@ -49,24 +49,31 @@ class Traced:
 
 @ray.remote(num_cpus=0, enable_task_events=False, concurrency_groups=HEALTH)
 class ParameterServer(Traced):
-    """Newest weights and their version. Holds an ObjectRef, so weights are serialised once."""
+    """Newest weights and their version, held and handed out by value.
+
+    Not as an ObjectRef that the learner owns and workers borrow: with Ray 2.60 every such
+    ref, once held here and dropped, leaves memory behind in its owner, so the learner's RSS
+    grew with the number of publications (bench/RESULTS.md, soak). A pull copies the weights
+    out instead, which is cheap at the sizes workers act with.
+    """
 
     def __init__(self, trace: tuple[bool, int] = (False, 1)):
         start_tracing(trace, "parameter_server")
         self.version = -1
-        self.ref = None  # [ObjectRef]: wrapped in a list so Ray passes the ref, not the value
+        self.weights: Weights | None = None
 
-    def push(self, version: int, ref_box: list, restored: bool = False) -> None:
+    def push(self, version: int, weights: Weights, restored: bool = False) -> None:
         """Newer weights replace older ones; a restored learner's replace them whatever their version
         (it went back to a checkpoint: the updates after it are gone, and so are their weights)."""
         if version > self.version or restored:
             with tracer().span("push", "transfer", version=version):
-                self.version, self.ref = version, ref_box
+                # Copied: the arrays Ray hands in may be views of the argument's object-store buffer.
+                self.version, self.weights = version, {k: np.array(v) for k, v in weights.items()}
 
     def pull_if_changed(self, version: int):
-        """(version, [ref]) when the weights held are not those of `version`, else None."""
+        """(version, weights) when the weights held are not those of `version`, else None."""
         if self.version >= 0 and self.version != version:
-            return self.version, self.ref
+            return self.version, self.weights
         return None
 
 
@@ -177,13 +184,10 @@ class RolloutWorker(Traced):
             got = None
         self.pending = None
         if got is not None:
-            version, (ref,) = got
+            version, weights = got
             with tracer().span("pull_weights", "transfer", version=version):
                 tracer().flow_in("weights", version)
-                try:
-                    self.policy.set_weights(ray.get(ref), version)
-                except (*ACTOR_GONE, RayTaskError, ray.exceptions.ObjectLostError):
-                    pass  # the weights went with a dead parameter server: the next pull gets newer ones
+                self.policy.set_weights(weights, version)
         if not blocking:
             self.pending = self.ps.pull_if_changed.remote(self.policy.version)
         self.pull_s += time.perf_counter() - t0
@@ -259,7 +263,7 @@ class RayIO(LearnerIO):
         self.outstanding.append(self.replay.update_priorities.remote(indices, priorities, generations))
 
     def publish(self, version: int, weights: Weights, restored: bool = False) -> None:
-        self.outstanding.append(self.ps.push.remote(version, [ray.put(weights)], restored))
+        self.outstanding.append(self.ps.push.remote(version, weights, restored))
 
     def flush(self) -> None:
         """Wait for the priority writes and pushes; one lost to a dead replay or parameter server is
@@ -332,8 +336,7 @@ class Evaluator(Traced):
         if got is not None:
             with tracer().span("pull_weights", "transfer", version=got[0]):
                 tracer().flow_in("weights", got[0])
-                self.version, (ref,) = got
-                self.weights = ray.get(ref)
+                self.version, self.weights = got
         if self.weights is None:
             return os.getpid(), None
         return os.getpid(), self.evaluation.evaluate(self.weights, self.version, env_steps)

@@ -6,7 +6,7 @@ import asyncio
 import os
 
 import ray
-from ray.exceptions import ObjectLostError, RayTaskError
+from ray.exceptions import RayTaskError
 
 from distrl.config import from_dict
 from distrl.observe.trace import tracer
@@ -50,9 +50,8 @@ class InferenceServer(Traced):
             got = await self.ps.pull_if_changed.remote(self.policy.version)
             if got is None:
                 return
-            version, (ref,) = got
-            weights = await ref
-        except (*ACTOR_GONE, RayTaskError, ObjectLostError):
+            version, weights = got
+        except (*ACTOR_GONE, RayTaskError):
             return
         with tracer().span("pull_weights", "transfer", version=version):
             tracer().flow_in("weights", version)

@@ -56,7 +56,7 @@ def test_central_inference_gives_the_fragments_local_inference_gives(ray_session
     ps = ParameterServer.remote()
     server = None
     try:
-        ray.get(ps.push.remote(0, [ray.put(weights)]))
+        ray.get(ps.push.remote(0, weights))
         server = InferenceServer.remote(to_dict(cfg), ps, 2)
         local, central = fragments(cfg, ps, None), fragments(cfg, ps, server)
         stats = ray.get(server.stats.remote())

@@ -73,8 +73,8 @@ def read_parameter_server(roles: list, seen: dict, done: threading.Event) -> Non
         try:
             got = ray.get(roles[0].ps.pull_if_changed.remote(version), timeout=5) if roles else None
             if got is not None:
-                version, (ref,) = got
-                seen[version] = all(np.isfinite(w).all() for w in ray.get(ref, timeout=5).values())
+                version, weights = got
+                seen[version] = all(np.isfinite(w).all() for w in weights.values())
         except (ray.exceptions.RayError, TimeoutError):
             return  # the run ended and took its actors with it
         time.sleep(0.05)

@@ -144,12 +144,12 @@ def test_a_restored_learners_weights_replace_newer_ones_at_the_parameter_server(
     ps = ParameterServer.remote()
     assert ray.get(ps.pull_if_changed.remote(-1)) is None  # nothing published yet
     w = {"w": np.zeros(2, np.float32)}
-    ray.get(ps.push.remote(10, [ray.put(w)]))
-    ray.get(ps.push.remote(5, [ray.put({"w": np.ones(2, np.float32)})]))  # stale: ignored
-    version, (ref,) = ray.get(ps.pull_if_changed.remote(-1))
-    assert version == 10 and not ray.get(ref)["w"].any()
-    ray.get(ps.push.remote(5, [ray.put({"w": np.ones(2, np.float32)})], True))  # a restored learner's
+    ray.get(ps.push.remote(10, w))
+    ray.get(ps.push.remote(5, {"w": np.ones(2, np.float32)}))  # stale: ignored
+    version, weights = ray.get(ps.pull_if_changed.remote(-1))
+    assert version == 10 and not weights["w"].any()
+    ray.get(ps.push.remote(5, {"w": np.ones(2, np.float32)}, True))  # a restored learner's
     assert ray.get(ps.pull_if_changed.remote(5)) is None
-    version, (ref,) = ray.get(ps.pull_if_changed.remote(10))  # a worker acting with the lost weights pulls
-    assert version == 5 and ray.get(ref)["w"].all()
+    version, weights = ray.get(ps.pull_if_changed.remote(10))  # a worker acting with the lost weights pulls
+    assert version == 5 and weights["w"].all()
     ray.kill(ps)
