@@ -7,13 +7,28 @@ import numpy as np
 from gymnasium.envs.classic_control import CartPoleEnv
 
 
-class FlakyCartPole(CartPoleEnv):
+class SeededFaults(CartPoleEnv):
+    """Faults drawn from their own RNG: seeded by `seed` if given, else by the first seeded `reset`, so a
+    run's faults follow its seed (and a config check's one step, at seed 0, is the same every time)."""
+
+    def __init__(self, seed: int | None = None, **kwargs):
+        super().__init__(**kwargs)
+        self._fault_seed_fixed = seed is not None
+        self._fault_rng = np.random.default_rng(seed)
+
+    def reset(self, *, seed: int | None = None, options=None):
+        if seed is not None and not self._fault_seed_fixed:
+            self._fault_rng = np.random.default_rng(seed)
+            self._fault_seed_fixed = True
+        return super().reset(seed=seed, options=options)
+
+
+class FlakyCartPole(SeededFaults):
     """CartPole whose step raises RuntimeError with probability `error_prob`."""
 
     def __init__(self, error_prob: float = 0.001, seed: int | None = None, **kwargs):
-        super().__init__(**kwargs)
+        super().__init__(seed, **kwargs)
         self.error_prob = error_prob
-        self._fault_rng = np.random.default_rng(seed)
 
     def step(self, action):
         if self._fault_rng.random() < self.error_prob:
@@ -45,13 +60,12 @@ if "SlowCartPole-v1" not in gym.envs.registry:
     gym.register("SlowCartPole-v1", entry_point=SlowCartPole, max_episode_steps=500, reward_threshold=475.0)
 
 
-class NaNCartPole(CartPoleEnv):
+class NaNCartPole(SeededFaults):
     """CartPole whose observation or reward is NaN with probability `nan_prob` per step."""
 
     def __init__(self, nan_prob: float = 0.001, seed: int | None = None, **kwargs):
-        super().__init__(**kwargs)
+        super().__init__(seed, **kwargs)
         self.nan_prob = nan_prob
-        self._fault_rng = np.random.default_rng(seed)
 
     def step(self, action):
         obs, reward, terminated, truncated, info = super().step(action)
@@ -63,14 +77,13 @@ class NaNCartPole(CartPoleEnv):
         return obs, reward, terminated, truncated, info
 
 
-class HugeRewardCartPole(CartPoleEnv):
+class HugeRewardCartPole(SeededFaults):
     """CartPole paying a finite reward of 3e38 with probability `huge_prob`: squared or summed in float32
     it overflows to inf, so a learner's loss goes non-finite on any batch holding it."""
 
     def __init__(self, huge_prob: float = 0.001, seed: int | None = None, **kwargs):
-        super().__init__(**kwargs)
+        super().__init__(seed, **kwargs)
         self.huge_prob = huge_prob
-        self._fault_rng = np.random.default_rng(seed)
 
     def step(self, action):
         obs, reward, terminated, truncated, info = super().step(action)
