@@ -15,19 +15,21 @@ CARTPOLE = os.path.join(ROOT, "configs", "apex_dqn_cartpole.yaml")
 
 
 def kill_workers(times: int, run_dir: str, log: list) -> None:
-    """SIGKILL a RolloutWorker `times` times, each one that has been up for a few seconds."""
+    """SIGKILL a RolloutWorker `times` times, each one that has been up for a few seconds, a second apart:
+    the run may solve within seconds of its first kill, so a later kill does not wait for a restart."""
     metrics = os.path.join(run_dir, "metrics.csv")
     first_seen: dict[int, float] = {}
-    deadline = time.time() + 120
+    deadline, last_kill = time.time() + 120, 0.0
     while len(log) < times and time.time() < deadline:
         now = time.time()
         pids = pids_of("RolloutWorker")  # one listing: a worker restarted between two listings has no first_seen
         for pid in pids:
             first_seen.setdefault(pid, now)
         settled = [p for p in pids if now - first_seen[p] >= 4.0 and p not in log]
-        if os.path.exists(metrics) and len(settled) >= 2:
+        if os.path.exists(metrics) and settled and now - last_kill >= 1.0:
             os.kill(settled[-1], signal.SIGKILL)
             log.append(settled[-1])
+            last_kill = now
         time.sleep(0.2)
 
 
