@@ -1,13 +1,21 @@
-"""Hot-path microbenchmarks on one torch thread: a worker's act() call and a SAC update.
+"""Hot-path microbenchmarks per algorithm family: a worker's act() call and one learner update.
 
-    python -m bench.micro [--reps 7]
+On one torch thread, as every role runs.
 
-act(): the numpy acting path the workers use against acting through the learner's
-torch net (forward, sample, log-prob, back to numpy), for the shipped LunarLander configs'
-policies and 8 envs. SAC update: one `SACLearner.update` on a random batch of the
-LunarLanderContinuous config (64x64, batch 256), by the numpy path the CPU learner
-runs and by the autograd path (GPUs, and the reference the tests check against).
-Medians of `--reps` timings.
+    python -m bench.micro [--reps 7] [--families q_learning actor_critic ...]
+
+Every network is a torch module built by the torso factory, the same for the learner, the workers and
+the evaluator, so there is one acting path to time. For each family, from one shipped config:
+
+- act: one `policy.act(obs, explore=True)` on a worker's `env.num_envs` observations (real ones, from
+  the config's envs): the forward pass through the policy's network under `torch.inference_mode()`,
+  the exploration on its outputs and the conversion back to numpy (a recurrent policy also advances
+  its envs' states); SAC past its uniform-random warm-up, so its network runs.
+- update: one `learner.update(batch)` on CPU, the batch taken from the config's own store (replay,
+  sequence replay or the on-policy FIFO) after a real rollout filled it; an actor-critic's update is
+  its whole step (PPO: every epoch and minibatch).
+
+Medians of `--reps` timings of many calls each, after a warm-up.
 """
 from __future__ import annotations
 
@@ -19,13 +27,25 @@ import numpy as np
 import torch
 
 from bench.common import ROOT, hardware, write_json
-from distrl.registry import make_policy
 from distrl.config import load_config
-from distrl.roles.factory import build_algorithm
+from distrl.core import TrainStats
+from distrl.replay.fifo import FragmentQueue
+from distrl.roles.factory import make_algorithm, make_rollout, make_vector_env, policy_seed
+from distrl.roles.learning import learn_block
+from distrl.runtime.pacing import make_experience
+
+FAMILIES = {  # family -> a shipped config of it
+    "q_learning": "apex_dqn_cartpole.yaml",
+    "recurrent_q_learning": "r2d2_position_only_cartpole.yaml",
+    "multi_agent": "dhc_mapf_8x8.yaml",
+    "actor_critic": "ppo_lunarlander.yaml",
+    "vtrace": "impala_lunarlander.yaml",
+    "sac": "sac_lunarlander_continuous.yaml",
+}
 
 
 def median_us(fn, calls: int, reps: int) -> float:
-    for _ in range(calls // 10):
+    for _ in range(max(1, calls // 10)):
         fn()
     times = []
     for _ in range(reps):
@@ -36,68 +56,53 @@ def median_us(fn, calls: int, reps: int) -> float:
     return float(np.median(times))
 
 
-def torch_act(learner, rng: np.random.Generator, obs: np.ndarray) -> None:
-    """Acting through the learner's torch net: forward, sample, log-prob, back to numpy."""
-    with torch.inference_mode():
-        x = torch.as_tensor(obs)
-        if hasattr(learner, "net"):  # actor-critic, Discrete actions
-            dist, value = learner.net(x)
-            a = torch.multinomial(dist.logp_all.exp(), 1).squeeze(-1)
-            dist.log_prob(a).numpy(), value.numpy(), a.numpy()
-        else:  # SAC
-            mean, log_std = learner.actor(x)
-            np.tanh(mean.numpy() + np.exp(log_std.numpy()) * rng.standard_normal(mean.shape))
+def filled_block(cfg, algo, learner):
+    """One learner batch from the config's own store, filled by a real rollout of a worker's policy."""
+    policy = algo.make_policy(0, 1, policy_seed(cfg, 0))
+    policy.set_weights(learner.get_weights(), 0)
+    policy.observe_steps(10**9)  # past any warm-up: the network acts
+    experience, rollout = make_experience(cfg), make_rollout(cfg, policy, cfg.seed, 0)
+    replayed = not isinstance(experience.store, FragmentQueue)
+    for _ in range(1000):
+        frag = rollout.sample()
+        experience.add(frag.data, frag.priorities)
+        # A replay samples with replacement: hold at least a batch of distinct items first.
+        if not replayed or len(experience) >= cfg.learner.batch_size:
+            block = experience.next_block(1)
+            if block is not None:
+                return block
+    raise RuntimeError(f"{cfg.algo}: the store never filled one batch")
 
 
-def _config(name: str):
-    return load_config(os.path.join(ROOT, "configs", name))
-
-
-def act_costs(reps: int) -> dict:
-    out = {}
-    for name in ("ppo_lunarlander.yaml", "impala_lunarlander.yaml", "sac_lunarlander_continuous.yaml"):
-        cfg = _config(name)
-        algo = build_algorithm(cfg)
-        policy, learner = make_policy(algo.cfg, algo.spec, 0, 1), algo.make_learner("cpu")
-        policy.set_weights(learner.get_weights(), 0)
-        policy.env_steps = 10**9  # SAC: past its uniform-random warm-up
-        obs = np.random.default_rng(0).normal(size=(8, 8)).astype(np.float32)
-        numpy_us = median_us(lambda: policy.act(obs, True), 2000, reps)
-        torch_us = median_us(lambda: torch_act(learner, policy.rng, obs), 2000, reps)
-        out[name] = {"numpy_act_us": round(numpy_us, 1), "torch_act_us": round(torch_us, 1),
-                     "ratio": round(torch_us / numpy_us, 2)}
-        print(name, out[name])
-    return out
-
-
-def sac_update_ms(reps: int) -> dict:
-    """One SAC update, the numpy path (CPU default) and the autograd path, interleaved in one process."""
-    cfg = _config("sac_lunarlander_continuous.yaml")
-    algo = build_algorithm(cfg)
-    fast, ref = algo.make_learner("cpu"), algo.make_learner("cpu")
-    ref.numpy = False
-    rng = np.random.default_rng(0)
-    b = cfg.learner.batch_size
-    batch = {"obs": rng.normal(size=(b, 8)).astype(np.float32), "next_obs": rng.normal(size=(b, 8)).astype(np.float32),
-             "actions": rng.uniform(-1, 1, (b, 2)).astype(np.float32), "rewards": rng.normal(size=b).astype(np.float32),
-             "discounts": np.full(b, 0.97, np.float32)}
-    numpy_ms, autograd_ms = [], []
-    for _ in range(reps):  # alternate, so a slow minute hits both paths alike
-        numpy_ms.append(median_us(lambda: fast.update(batch), 200, 1) / 1000.0)
-        autograd_ms.append(median_us(lambda: ref.update(batch), 200, 1) / 1000.0)
-    out = {"numpy_ms": round(float(np.median(numpy_ms)), 2), "autograd_ms": round(float(np.median(autograd_ms)), 2)}
-    out["ratio"] = round(out["autograd_ms"] / out["numpy_ms"], 2)
-    print("sac update", out)
+def family_costs(config: str, reps: int) -> dict:
+    cfg = load_config(os.path.join(ROOT, "configs", config))
+    algo = make_algorithm(cfg)
+    learner = algo.make_learner("cpu")
+    policy = algo.make_policy(0, 1, policy_seed(cfg, 0))
+    policy.set_weights(learner.get_weights(), 0)
+    policy.observe_steps(10**9)  # SAC: past its uniform-random warm-up
+    envs = make_vector_env(cfg.env.id, cfg.env.num_envs, cfg.seed, cfg.env.kwargs, type(algo).multi_agent)
+    obs = envs.obs
+    envs.close()
+    act_us = median_us(lambda: policy.act(obs, True), 500, reps)
+    block = filled_block(cfg, algo, learner)
+    update_ms = median_us(lambda: learn_block(learner, block, TrainStats()), 20, reps) / 1000.0
+    out = {"algo": cfg.algo, "config": config, "num_envs": cfg.env.num_envs, "act_us": round(act_us, 1),
+           "act_us_per_env": round(act_us / cfg.env.num_envs, 2), "batch_size": cfg.learner.batch_size,
+           "update_ms": round(update_ms, 2)}
+    print(out, flush=True)
     return out
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--families", nargs="+", choices=sorted(FAMILIES), default=list(FAMILIES))
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "micro.json"))
     args = ap.parse_args()
     torch.set_num_threads(1)
-    results = {"hardware": hardware(), "act": act_costs(args.reps), "sac_update": sac_update_ms(args.reps)}
-    write_json(os.path.join(ROOT, "bench", "results", "micro.json"), results)
+    results = {"hardware": hardware(), "families": {f: family_costs(FAMILIES[f], args.reps) for f in args.families}}
+    write_json(args.out, results)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@
    - env step: the worker's time stepping its envs (and writing the step into the fragment), per env
      step, from the worker's own timers (summary.json `time_breakdown_s`);
    - inference per obs: one `policy.act` on the worker's `num_envs` observations, timed in this process
-     on one thread (the numpy acting path workers run), per observation;
+     on one thread (the policy's torch network, as workers run it), per observation;
    - update: the learner's busy wall time and CPU per update, and the CPU the other processes spend on it
      (the replay server sampling the batch and taking its priorities, the batch's transfer);
    - transfer per fragment: the worker's gap between two calls (the fragment leaving, the driver's gather,
@@ -154,14 +154,13 @@ def act_s_per_obs(config: str, reps: int = 21, calls: int = 500) -> float:
     from threadpoolctl import threadpool_limits
 
     from distrl.config import load_config
-    from distrl.registry import make_policy, multi_agent
-    from distrl.roles.factory import build_algorithm, make_vector_env
+    from distrl.roles.factory import make_algorithm, make_vector_env, policy_seed
 
     cfg = load_config(config)
-    algo = build_algorithm(cfg)
-    policy = make_policy(algo.cfg, algo.spec, 0, 1)
+    algo = make_algorithm(cfg)
+    policy = algo.make_policy(0, 1, policy_seed(cfg, 0))
     policy.set_weights(algo.make_learner("cpu").get_weights(), 0)
-    obs = make_vector_env(cfg.env.id, cfg.env.num_envs, cfg.seed, cfg.env.kwargs, multi_agent(cfg.algo)).obs
+    obs = make_vector_env(cfg.env.id, cfg.env.num_envs, cfg.seed, cfg.env.kwargs, type(algo).multi_agent).obs
     times = []
     with threadpool_limits(1, user_api="blas"):  # scoped: the driver's runs keep their own settings
         for _ in range(calls // 10):

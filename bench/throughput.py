@@ -63,11 +63,11 @@ def _bare_worker(env_id: str, kwargs: dict, multi_agent: bool, num_envs: int, se
 
 
 def bare_loop(processes: int, cfg, seconds: float) -> float:
-    from distrl.registry import multi_agent
+    from distrl.registry import algorithm
 
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    args = (cfg.env.id, cfg.env.kwargs, multi_agent(cfg.algo), cfg.env.num_envs, seconds)
+    args = (cfg.env.id, cfg.env.kwargs, algorithm(cfg.algo).multi_agent, cfg.env.num_envs, seconds)
     procs = [ctx.Process(target=_bare_worker, args=(*args, 100 * i, q)) for i in range(processes)]
     for p in procs:
         p.start()
@@ -79,12 +79,17 @@ def bare_loop(processes: int, cfg, seconds: float) -> float:
 
 def _never_learn(config: str) -> list[str]:
     """Overrides that keep the learner from starting: a replay that never reaches its minimum size.
-    Sequence replay preallocates its chunk store, so it keeps its capacity (runs are far shorter)."""
+    Sequence replay preallocates its chunk store, so it keeps its capacity (runs are far shorter).
+    An on-policy algorithm has no replay (its config refuses a replay section): it always learns."""
     from distrl.config import load_config
-    from distrl.registry import data_path
+    from distrl.registry import algorithm
 
     cfg = load_config(config)
-    capacity = cfg.replay.capacity if data_path(cfg.algo) == "sequence" else 2_000_000
+    path = algorithm(cfg.algo).data_path
+    if path not in ("replay", "sequence"):
+        raise SystemExit(f"{config}: sampling-only runs need a replay algorithm ({cfg.algo} learns from "
+                         f"{path} data); measure it with learning on")
+    capacity = cfg.replay.capacity if path == "sequence" else 2_000_000
     return [f"replay.capacity={capacity}", f"replay.min_size={capacity}", "eval.interval_s=1000"]
 
 

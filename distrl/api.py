@@ -36,25 +36,24 @@ def host_worker_limit() -> int:
 def validate(cfg: Config, address: str | None = None) -> None:
     """Everything about a config that can be checked before a run dir exists (`address`: a cluster to join)."""
     from distrl.envs import EnvError, check_env
-    from distrl.registry import algorithm_class, data_path, multi_agent
+    from distrl.registry import algorithm
 
+    algo = algorithm(cfg.algo)
     try:
-        spec = _check_multiagent_env(cfg) if multi_agent(cfg.algo) else check_env(cfg.env.id, cfg.env.kwargs)
+        spec = _check_multiagent_env(cfg) if algo.multi_agent else check_env(cfg.env.id, cfg.env.kwargs)
     except EnvError as e:
         raise ConfigError(str(e)) from None
-    algo = algorithm_class(cfg.algo)
     problem = algo.check_spec(spec)
     if problem:
         raise ConfigError(f"config key 'algo': {problem} ({cfg.env.id})")
+    _check_torsos(cfg, spec)
     if cfg.mode not in algo.modes:
         raise ConfigError(f"config key 'mode': {cfg.algo} does not support mode {cfg.mode!r} "
                           f"(supported: {', '.join(algo.modes)})")
     if cfg.device != "auto" and not (cfg.device == "cpu" or cfg.device.startswith("cuda")):
         raise ConfigError(f"config key 'device': expected auto, cpu, cuda or cuda:N, got {cfg.device!r}")
     _check_device(cfg.device)
-    if cfg.replay.min_size > cfg.replay.capacity:
-        raise ConfigError("config key 'replay.min_size': larger than replay.capacity, learning would never start")
-    if data_path(cfg.algo) in ("replay", "sequence"):
+    if algo.data_path in ("replay", "sequence"):
         _check_replay(cfg, spec, on_this_machine=not address)
     limit = host_worker_limit()
     if not address and cfg.mode != "single" and cfg.workers > limit:
@@ -71,13 +70,13 @@ def validate(cfg: Config, address: str | None = None) -> None:
 
 def _check_replay(cfg: Config, spec, on_this_machine: bool) -> None:
     """A batch the replay can hold, a rate limiter that cannot stall, a capacity the machine can hold."""
-    import numpy as np
-
-    from distrl.registry import data_path
+    from distrl.registry import algorithm
     from distrl.replay.rate_limiter import RateLimiter
-    from distrl.replay.store import error_buffer
+    from distrl.runtime.pacing import error_buffer
 
     r, batch = cfg.replay, cfg.learner.batch_size
+    if r.min_size > r.capacity:
+        raise ConfigError("config key 'replay.min_size': larger than replay.capacity, learning would never start")
     if batch > r.capacity:
         raise ConfigError(f"config key 'learner.batch_size': {batch} is larger than replay.capacity ({r.capacity})")
     if not RateLimiter.deadlock_free(r.samples_per_insert, error_buffer(cfg), batch):
@@ -87,14 +86,36 @@ def _check_replay(cfg: Config, spec, on_this_machine: bool) -> None:
                           f"learner and the workers can both block for ever; the smallest that works is {least:g}")
     memory = _physical_memory()
     if on_this_machine and memory:  # on a cluster the replay server's node may have more
-        obs = spec.observation_space
-        size = int(np.prod(obs.shape or (1,))) * np.dtype(obs.dtype or np.float32).itemsize
+        size = stored_obs_bytes(spec.observation_space) * spec.num_agents
         # A lower bound: a transition holds obs and next_obs and a generation; a sequence step its obs.
-        per_item = 2 * size + 8 if data_path(cfg.algo) == "replay" else size
+        per_item = 2 * size + 8 if algorithm(cfg.algo).data_path == "replay" else size
         if r.capacity * per_item > memory:
             raise ConfigError(f"config key 'replay.capacity': {r.capacity} items need at least "
                               f"{_gib(r.capacity * per_item)} ({per_item} bytes each for {cfg.env.id}); this "
                               f"machine has {_gib(memory)} of memory")
+
+
+def stored_obs_bytes(space) -> int:
+    """Bytes of one observation as replay stores it: floats as float32, anything else in its own dtype."""
+    import numpy as np
+
+    dtype = np.dtype(space.dtype or np.float32)
+    return int(np.prod(space.shape or (1,))) * (4 if dtype.kind == "f" else dtype.itemsize)
+
+
+def _check_torsos(cfg: Config, spec) -> None:
+    """The algorithm's torsos build for this env and map a sampled batch to features: a user's
+    `model.torso` factory that cannot be imported, raises or returns the wrong shape is one line."""
+    from distrl.models import TorsoError, check_torso, make_torso
+    from distrl.roles.factory import make_algorithm
+
+    algo = make_algorithm(cfg, spec)
+    try:
+        for space in algo.torso_spaces():
+            check_torso(make_torso(space, cfg.model, algo.image_torso), space, cfg.model.torso)
+        algo.build_network()
+    except TorsoError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _physical_memory() -> int | None:
@@ -110,17 +131,17 @@ def _gib(n: int) -> str:
 
 def _check_ray_only(cfg: Config) -> None:
     """Gradient workers and central inference: Ray actors, for the algorithms whose halves support them."""
-    from distrl.registry import ALGOS, takes_central_inference, takes_gradient_workers
+    from distrl.registry import algorithm, with_capability
 
-    wanted = [("learner.num_gradient_workers", cfg.learner.num_gradient_workers > 1, takes_gradient_workers,
+    wanted = [("learner.num_gradient_workers", cfg.learner.num_gradient_workers > 1, "gradient_workers",
                "has no gradient workers", "gradient workers"),
-              ("rollout.inference", cfg.rollout.inference == "central", takes_central_inference,
+              ("rollout.inference", cfg.rollout.inference == "central", "central_inference",
                "acts only in its workers", "central inference")]
-    for key, asked, takes, refusal, feature in wanted:
+    for key, asked, flag, refusal, feature in wanted:
         if not asked:
             continue
-        if not takes(cfg.algo):
-            able = ", ".join(a for a in ALGOS if takes(a))
+        if not getattr(algorithm(cfg.algo), flag):
+            able = ", ".join(with_capability(flag))
             raise ConfigError(f"config key '{key}': {cfg.algo} {refusal} (algorithms with {feature}: {able})")
         if cfg.mode == "single":
             raise ConfigError(f"config key '{key}': only modes sync and async start Ray actors for {feature}")
@@ -152,7 +173,7 @@ def _check_multiagent_env(cfg: Config):
     try:
         env.reset(seed=0)
         env.step(np.zeros(env.num_agents, np.int64))
-        return EnvSpec(env.observation_space, env.action_space)
+        return EnvSpec(env.observation_space, env.action_space, env.num_agents)
     except EnvError:
         raise
     except Exception as e:  # noqa: BLE001 - whatever the env raises, its config made it
@@ -184,7 +205,8 @@ def default_run_dir(cfg: Config) -> str:
 
 def resolve_config(config: Config | dict | str | None, overrides: list[str] | None = None) -> Config:
     if isinstance(config, Config):
-        return from_dict(apply_overrides(to_dict(config), overrides or [])) if overrides else config
+        # Rebuilt: checked like a file, and a base Config (the run sections only) gains its algorithm's.
+        return from_dict(apply_overrides(to_dict(config), overrides or []))
     if isinstance(config, dict):
         return from_dict(apply_overrides(dict(config), overrides or []))
     return load_config(config, overrides)
@@ -219,7 +241,10 @@ def _run_config(run_dir: str, overrides: list[str] | None = None) -> Config:
     cfg_path = os.path.join(run_dir, "config.yaml")
     if not os.path.isfile(cfg_path):
         raise ConfigError(f"{run_dir} is not a distrl run dir (no config.yaml)")
-    return load_config(cfg_path, overrides)
+    try:
+        return load_config(cfg_path, overrides)
+    except ConfigError as e:  # a run dir of an older distrl, or an edited one
+        raise ConfigError(f"{cfg_path} cannot be read by this distrl: {e}") from None
 
 
 def resume(run_dir: str, *, overrides: list[str] | None = None, address: str | None = None) -> dict[str, Any]:
@@ -247,8 +272,8 @@ def evaluate(run_dir: str, episodes: int = 20, seed: int = 12345) -> dict[str, A
     """
     import numpy as np
 
-    from distrl.checkpoint import load_weights
-    from distrl.registry import multi_agent
+    from distrl.checkpoint import CheckpointError, load_weights
+    from distrl.registry import algorithm
     from distrl.roles.evaluation import episode_metrics, play_greedy
     from distrl.roles.factory import acting_policy
 
@@ -257,7 +282,11 @@ def evaluate(run_dir: str, episodes: int = 20, seed: int = 12345) -> dict[str, A
     cfg = _run_config(run_dir)
     weights, meta = load_weights(os.path.join(run_dir, "checkpoints", "best.safetensors"))
     policy = acting_policy(cfg, -1, 1)
-    policy.set_weights(weights, int(meta.get("version", 0)))
-    returns, infos = play_greedy(policy, cfg.env.id, episodes, seed, cfg.env.kwargs, multi_agent=multi_agent(cfg.algo))
+    try:
+        policy.set_weights(weights, int(meta.get("version", 0)))
+    except RuntimeError as e:  # torch's strict load: a network built by other code or another config
+        raise CheckpointError(f"{run_dir}/checkpoints/best.safetensors does not fit the network of its "
+                              f"config.yaml: {str(e).splitlines()[0][:200]}") from None
+    returns, infos = play_greedy(policy, cfg.env.id, episodes, seed, cfg.env.kwargs, multi_agent=algorithm(cfg.algo).multi_agent)
     return {"env": cfg.env.id, "returns": returns.tolist(), "mean": float(np.mean(returns)),
             "std": float(np.std(returns)), "version": meta.get("version"), "metrics": episode_metrics(infos)}

@@ -1,4 +1,4 @@
-"""`distrl train | resume | eval | timeline | report | plot`: the command line. User mistakes -> one line on stderr, exit 2."""
+"""`distrl train | resume | eval | config | timeline | report | plot`: the command line. User mistakes -> one line on stderr, exit 2."""
 from __future__ import annotations
 
 import time
@@ -51,6 +51,13 @@ def _eval_parser(sub) -> None:
     p.add_argument("run_dir")
     p.add_argument("--episodes", type=int, default=20)
     p.add_argument("--seed", type=int, default=12345)
+
+
+def _config_parser(sub) -> None:
+    p = sub.add_parser("config", help="print a config as a run would read it: every key, its value and its doc")
+    p.add_argument("config", help="YAML config file (see configs/)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key, e.g. --set ppo.lr=1e-3 (repeatable)")
 
 
 def _window_flags(p) -> None:
@@ -140,6 +147,13 @@ def report(summary: dict) -> int:
     return EXIT_FAULT if summary.get("failure") else 0
 
 
+def cmd_config(args) -> int:
+    from distrl.config import describe, load_config
+
+    print("\n".join(describe(load_config(args.config, args.overrides))))
+    return 0
+
+
 def cmd_eval(args) -> int:
     from distrl.api import evaluate
 
@@ -161,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     _train_parser(sub)
     _resume_parser(sub)
     _eval_parser(sub)
+    _config_parser(sub)
     _observe_parsers(sub)
     from distrl.checkpoint import CheckpointError
     from distrl.config import ConfigError
@@ -168,8 +183,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         args = parser.parse_args(argv)
-        commands = {"train": cmd_train, "resume": cmd_resume, "eval": cmd_eval, "timeline": cmd_timeline,
-                    "report": cmd_report, "plot": cmd_plot}
+        commands = {"train": cmd_train, "resume": cmd_resume, "eval": cmd_eval, "config": cmd_config,
+                    "timeline": cmd_timeline, "report": cmd_report, "plot": cmd_plot}
         return commands[args.command](args)
     except (UsageError, ConfigError, CheckpointError) as e:
         print(f"distrl: error: {_one_line(e)}", file=sys.stderr)

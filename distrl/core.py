@@ -1,7 +1,8 @@
 """The roles of distrl as small interfaces, and the data that moves between them.
 
-An algorithm is a `Policy` (acting, numpy, in every rollout worker and the
-evaluator) and a `Learner` (the only optimizer.step()). A run drives them
+An algorithm (`Algorithm`) is a `Policy` (acting, in every rollout worker and the
+evaluator) and a `Learner` (the only optimizer.step()), both built on the same torch
+network. A run drives them
 through a `Roles` object; whatever the mode, the driver's loop is::
 
     while not stopped:
@@ -24,6 +25,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from distrl.acting import Inference, LocalInference
+
 Weights = dict[str, np.ndarray]
 """A network's parameters as numpy arrays: cheap to pickle, zero-copy in Ray's store."""
 
@@ -33,10 +36,12 @@ Batch = dict[str, np.ndarray]
 
 @dataclass
 class EnvSpec:
-    """What an algorithm needs to know about an environment to build its networks."""
+    """What an algorithm needs to know about an environment to build its networks: one agent's spaces
+    (and how many agents act at once, for multi-agent envs)."""
 
     observation_space: Any
     action_space: Any
+    num_agents: int = 1
 
 
 @dataclass
@@ -93,7 +98,7 @@ class Policy(abc.ABC):
     """
 
     version: int = -1
-    inference: "Inference | None" = None
+    inference: Inference | None = None
 
     @abc.abstractmethod
     def set_weights(self, weights: Weights, version: int) -> None:
@@ -111,7 +116,7 @@ class Policy(abc.ABC):
         """The recurrent state of `rows` envs at an episode start; None for a feedforward policy."""
         return None
 
-    def _inference(self) -> "Inference":
+    def _inference(self) -> Inference:
         if self.inference is None:
             self.inference = LocalInference(self)
         return self.inference
@@ -138,77 +143,6 @@ class Policy(abc.ABC):
         """Turn a trajectory into stored items and their initial priorities (or None)."""
 
 
-class EnvStates:
-    """Each env's recurrent state for a policy's `forward`: zeros at an episode start."""
-
-    def __init__(self, policy: Policy):
-        self.policy = policy
-        self.state: np.ndarray | None = None  # after the last step: held nowhere else, so resets write in place
-
-    def current(self, rows: int) -> np.ndarray | None:
-        """The state before the next step of `rows` envs (a fresh one when the count changed)."""
-        if self.state is None or len(self.state) != rows:
-            self.state = self.policy.initial_state(rows)
-        return self.state
-
-    def reset(self, done: np.ndarray) -> None:
-        done = np.asarray(done, bool)
-        if self.state is not None and len(self.state) == len(done) and done.any():
-            self.state[done] = self.policy.initial_state(int(done.sum()))
-
-
-def batched_forward(policy: Policy, requests: list[tuple[EnvStates, np.ndarray]]) -> list[dict[str, np.ndarray]]:
-    """One `forward` over the rows of several requests (each a vector of envs with its states), split back
-    per request; each request's states advance, and its outputs carry 'state', the one before the step."""
-    befores = [states.current(len(obs)) for states, obs in requests]
-    if len(requests) == 1:  # the local path: no copies
-        out, after = policy.forward(requests[0][1], befores[0])
-        requests[0][0].state = after
-        return [out if after is None else {**out, "state": befores[0]}]
-    state = None if befores[0] is None else np.concatenate(befores)
-    out, after = policy.forward(np.concatenate([np.asarray(o) for _, o in requests]), state)
-    if state is not None:
-        out = {**out, "state": state}
-    cuts = np.cumsum([len(o) for _, o in requests])[:-1]
-    parts = [dict(zip(out, split)) for split in zip(*(np.split(v, cuts) for v in out.values()))]
-    if after is not None:
-        for (states, _), piece in zip(requests, np.split(after, cuts)):
-            states.state = piece
-    return parts
-
-
-class Inference(abc.ABC):
-    """Where a policy's `forward` runs for a worker: in its own process, or on an inference server."""
-
-    @abc.abstractmethod
-    def step(self, obs: np.ndarray) -> dict[str, np.ndarray]:
-        """Outputs for the envs' observations, advancing their states ('state': the one before)."""
-
-    @abc.abstractmethod
-    def forward(self, obs: np.ndarray, state: np.ndarray | None) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
-        """`Policy.forward` on rows outside the envs' flow."""
-
-    @abc.abstractmethod
-    def reset(self, done: np.ndarray) -> None:
-        """These envs start new episodes."""
-
-
-class LocalInference(Inference):
-    """`forward` in the policy's own process, with the weights it was given."""
-
-    def __init__(self, policy: Policy):
-        self.policy, self.states = policy, EnvStates(policy)
-
-    def step(self, obs: np.ndarray) -> dict[str, np.ndarray]:
-        return batched_forward(self.policy, [(self.states, obs)])[0]
-
-    def forward(self, obs, state):
-        return self.policy.forward(obs, state)
-
-    def reset(self, done: np.ndarray) -> None:
-        self.states.reset(done)
-
-
 class Learner(abc.ABC):
     """The learning half of an algorithm: the only place optimizer.step() runs."""
 
@@ -232,24 +166,60 @@ class Learner(abc.ABC):
 
 
 class Algorithm(abc.ABC):
-    """Ties an algorithm's config to its learner; the policy is built by `distrl.registry.make_policy`."""
+    """An algorithm as it declares itself, and what it builds from the parts of a config it reads.
+
+    The class attributes are the one place that says what an algorithm is: the registry, the config
+    (`distrl.config.config_class`) and the runtime read them. An instance holds the config parts its
+    networks, learner and policies are built from: its own section, the `model` section and, for
+    sequence algorithms, the `sequence` section.
+    """
 
     name: str = ""
+    config: type = object
+    """Its config section's dataclass (YAML key `name`)."""
+    model_config: type = object
+    """The `model` section's dataclass (`ModelConfig`, or `RecurrentModelConfig` with a core)."""
+    model_defaults: dict = {}
+    """Its defaults for the `model` section (e.g. a tanh MLP)."""
     modes: tuple[str, ...] = ("single", "sync", "async")
-    """Run modes this algorithm supports."""
+    actions: tuple[str, ...] = ("discrete",)
+    """Action spaces it takes: "discrete" (gymnasium Discrete) and/or "box" (a flat, bounded Box)."""
+    data_path: str = "replay"
+    """"replay" (transitions, sampled), "sequence" (sequences in shared chunks, sampled), "trajectory"
+    (a FIFO, each fragment used once) or "gradients" (a FIFO of worker-computed gradients)."""
+    multi_agent: bool = False
+    """Acts for every agent of a multi-agent env at once (`distrl.envs.multiagent`)."""
+    central_inference: bool = True
+    """Its policy acts through `Policy.forward`, so an InferenceServer can run it for every worker."""
+    gradient_workers: bool = False
+    """Its learner can share each step's gradient with gradient workers (`distrl.algos.sharding`)."""
+    image_torso: str = "auto"
+    """The torso `model.torso: auto` picks for image observations (auto: by image size)."""
 
-    def __init__(self, cfg: Any, spec: EnvSpec):
-        self.cfg = cfg
-        self.spec = spec
+    def __init__(self, spec: EnvSpec, cfg: Any, model: Any, seed: int = 0, sequence: Any = None):
+        self.spec, self.cfg, self.model, self.seed, self.sequence = spec, cfg, model, seed, sequence
 
     @classmethod
     def check_spec(cls, spec: EnvSpec) -> str | None:
         """Why this algorithm can't run on `spec`, or None if it can."""
         return None
 
+    def torso_spaces(self) -> list:
+        """The spaces its torsos are built for (checked before a run starts)."""
+        return [self.spec.observation_space]
+
+    @abc.abstractmethod
+    def build_network(self) -> Any:
+        """The network policies act with (an `nn.Module`): the same for the learner, every worker,
+        the evaluator and the inference server."""
+
     @abc.abstractmethod
     def make_learner(self, device: str) -> Learner:
         """The learner, on `device`."""
+
+    @abc.abstractmethod
+    def make_policy(self, worker_index: int, num_workers: int, seed: int) -> Policy:
+        """The acting half for worker `worker_index` (-1: the evaluator or an inference server)."""
 
 
 # --- what moves between the roles and the driver ----------------------------------

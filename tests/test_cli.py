@@ -1,5 +1,6 @@
 """Bad input: one clear line naming the problem, exit status 2, no run dir created."""
 import os
+import re
 import subprocess
 import sys
 
@@ -9,6 +10,7 @@ from distrl.cli import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CARTPOLE = os.path.join(ROOT, "configs", "apex_dqn_cartpole.yaml")
+R2D2 = os.path.join(ROOT, "configs", "r2d2_repeat_previous.yaml")
 
 
 def run_main(capsys, *argv):
@@ -46,10 +48,13 @@ def run_main(capsys, *argv):
     (["train", CARTPOLE, "--device", "cuda:99"], "config key 'device': cuda:99"),
     (["train", CARTPOLE, "--set", "replay.alpha=.nan"], "config key 'replay.alpha': must be a finite number"),
     (["train", CARTPOLE, "--set", "eval.target_return=.inf"], "config key 'eval.target_return': must be a finite number"),
-    (["train", CARTPOLE, "--set", "apex_dqn.hidden=[64, x]"], "config key 'apex_dqn.hidden': must be a non-empty list"),
+    (["train", CARTPOLE, "--set", "model.hidden=[64, x]"], "config key 'model.hidden': must be a list of integers >= 1"),
+    (["train", CARTPOLE, "--set", "apex_dqn.hidden=[64]"], "config key 'apex_dqn.hidden' was replaced by model.hidden"),
+    (["train", CARTPOLE, "--set", "algo=r2d2"], "config key 'apex_dqn': a section of another algorithm; this config's algo is r2d2"),
+    (["train", CARTPOLE, "--set", "model.torso=no_such_module:Torso"], "config key 'model.torso'"),
     (["train", CARTPOLE, "--mode", "single", "--set", "learner.num_gradient_workers=2"],
      "config key 'learner.num_gradient_workers': only modes sync and async start Ray actors"),
-    (["train", CARTPOLE, "--set", "algo=r2d2", "--set", "learner.num_gradient_workers=2"],
+    (["train", R2D2, "--set", "learner.num_gradient_workers=2"],
      "config key 'learner.num_gradient_workers': r2d2 has no gradient workers"),
     (["train", CARTPOLE, "--mode", "single", "--set", "env.id=.x:Foo"], "config key 'env.id': cannot import '.x'"),
     (["train", CARTPOLE, "--mode", "single", "--set", "env.id=.:Foo"], "config key 'env.id': cannot import '.'"),
@@ -193,3 +198,28 @@ def test_a_config_file_the_os_fails_to_read_is_one_line(capsys, tmp_path):
 def test_a_config_path_that_is_a_directory_says_so(capsys, tmp_path):
     code, _, err = run_main(capsys, "train", str(tmp_path), "--run-dir", str(tmp_path / "run"))
     assert_one_line_exit_2(code, err, f"config file {tmp_path} is a directory")
+
+
+def test_config_prints_every_resolved_key_with_its_doc(capsys):
+    ppo = os.path.join(ROOT, "configs", "ppo_cartpole.yaml")
+    code, out, err = run_main(capsys, "config", ppo, "--set", "ppo.lr=0.01", "--set", "model.hidden=[32]")
+    assert code == 0 and err == ""
+    lines = out.strip().splitlines()
+    assert all(re.fullmatch(r"[a-z_.0-9]+( = .+|:)  # \S.*", line) for line in lines), out  # key, value, doc
+    assert "ppo.lr = 0.01  # Adam learning rate" in lines  # the override, not the file's value
+    assert "model.hidden = [32]  # layer sizes of the MLP torso ([] = the flattened observation)" in lines
+    assert any(line.startswith("model.activation = 'tanh'  # ") for line in lines)  # PPO's default, not the base's
+    assert any(line.startswith("queue.capacity = ") for line in lines)
+    assert not [line for line in lines if line.startswith(("replay", "sequence", "apex_dqn", "sac", "a2c"))]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--set", "ppo.lrr=0.01"], "unknown config key 'ppo.lrr'"),
+    (["--set", "replay.capacity=10"], "config key 'replay': ppo learns from trajectory data and reads no replay section"),
+    (["--set", "ppo.lr=-1"], "config key 'ppo.lr': must be > 0.0"),
+    (["--set", "lr"], "override 'lr' must look like section.key=value"),
+])
+def test_config_with_a_bad_key_is_one_line_exit_2(capsys, argv, message):
+    code, out, err = run_main(capsys, "config", os.path.join(ROOT, "configs", "ppo_cartpole.yaml"), *argv)
+    assert_one_line_exit_2(code, err, message)
+    assert out == ""

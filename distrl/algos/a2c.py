@@ -10,8 +10,9 @@ from typing import Any
 
 import torch
 
-from distrl.algos.actor_critic import (ActorCriticAlgorithm, ActorCriticLearner, ActorCriticNet,
+from distrl.algos.actor_critic import (ActorCriticAlgorithm, ActorCriticLearner, ActorCriticNet, GAEConfig,
                                        actor_critic_loss, bootstrap_values, time_major)
+from distrl.algos.actor_critic_acting import ActorCriticPolicy
 from distrl.algos.advantages import gae
 from distrl.algos.common import skipped
 from distrl.core import Batch
@@ -38,8 +39,6 @@ class A2CLearner(ActorCriticLearner):
 
 class A2C(ActorCriticAlgorithm):
     name = "a2c"
+    config = GAEConfig
     modes = ("single", "sync")
-    learner_cls = A2CLearner
-
-
-ALGORITHM = A2C
+    learner_cls, policy_cls = A2CLearner, ActorCriticPolicy

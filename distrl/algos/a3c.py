@@ -15,30 +15,32 @@ are clipped to grad_clip and the optimizer steps once.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
 from distrl.algos.a2c import a2c_loss
-from distrl.algos.actor_critic import ActorCriticAlgorithm, ActorCriticLearner, build_net, time_major
+from distrl.algos.actor_critic import ActorCriticAlgorithm, ActorCriticLearner, GAEConfig, time_major
 from distrl.algos.actor_critic_acting import ActorCriticPolicy
-from distrl.algos.common import load_numpy_weights
-from distrl.core import Batch, EnvSpec, Trajectory, Weights
+from distrl.config.fields import f
+from distrl.core import Batch, Trajectory
 
 _TERMS = ("loss_policy", "loss_value", "entropy")
 
 
+@dataclass
+class A3CConfig(GAEConfig):
+    max_staleness: int = f(16, "gradients computed more than this many updates ago are dropped", lo=0)
+
+
 class A3CPolicy(ActorCriticPolicy):
-    """Acts in numpy like its parent; a torch copy of the network computes its fragment's gradients."""
+    """Acts like its parent; its network also computes its fragment's gradients (at the weights it acted with)."""
 
-    def __init__(self, spec: EnvSpec, cfg, worker_index: int, num_workers: int, seed: int):
-        super().__init__(spec, cfg, worker_index, num_workers, seed)
-        self.net = build_net(spec, cfg)
-
-    def set_weights(self, weights: Weights, version: int) -> None:
-        super().set_weights(weights, version)
-        load_numpy_weights(self.net, weights)
+    def __init__(self, algo, worker_index: int, num_workers: int, seed: int):
+        super().__init__(algo, worker_index, num_workers, seed)
+        self.net.requires_grad_(True)
 
     def postprocess(self, traj: Trajectory) -> tuple[Batch, None]:
         items, _ = super().postprocess(traj)
@@ -56,8 +58,8 @@ class A3CPolicy(ActorCriticPolicy):
 
 
 class A3CLearner(ActorCriticLearner):
-    def __init__(self, spec, cfg, device: str):
-        super().__init__(spec, cfg, device)
+    def __init__(self, algo, device: str):
+        super().__init__(algo, device)
         self.params = dict(self.net.named_parameters())
         self.dropped = 0
 
@@ -92,8 +94,8 @@ class A3CLearner(ActorCriticLearner):
 
 class A3C(ActorCriticAlgorithm):
     name = "a3c"
+    config = A3CConfig
     modes = ("single", "async")
-    learner_cls = A3CLearner
-
-
-ALGORITHM = A3C
+    data_path = "gradients"
+    central_inference = False  # its workers compute gradients with their own copy: they act with it too
+    learner_cls, policy_cls = A3CLearner, A3CPolicy

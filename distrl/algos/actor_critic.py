@@ -1,5 +1,5 @@
-"""What A2C, A3C, PPO and IMPALA share: the network, action distributions, the
-acting policy, a learner base and an algorithm base.
+"""What A2C, A3C, PPO and IMPALA share: their config keys, the network, action distributions, a
+learner base and an algorithm base (the acting policy is in `distrl.algos.actor_critic_acting`).
 
 Box actions: the Gaussian lives in a normalised space where [-1, 1]^d maps
 linearly onto the env's bounds, with a state-independent learned log-std (so one
@@ -10,16 +10,39 @@ as the action and what log-probs refer to.
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
+from gymnasium import spaces
 from torch import nn
 from torch.nn import functional as F
 
-from distrl.algos.common import HALF_LOG_2PI, adam, as_tensors, guarded_step, mlp, spec_problem, to_numpy_weights
+from distrl.algos.common import HALF_LOG_2PI, NetworkAlgorithm, adam, as_tensors, guarded_step
 from distrl.algos.sharding import ShardedLearner
-from distrl.core import Algorithm, Batch, EnvSpec, Learner, Weights
+from distrl.config.fields import f
+from distrl.config.sections import ModelConfig
+from distrl.core import Batch, Learner, Weights
+from distrl.models import make_torso, to_numpy_weights
+
+
+@dataclass
+class ActorCriticConfig:
+    """What A2C, A3C, PPO and IMPALA share; each has its own section with its own extra keys."""
+
+    shared_torso: bool = f(False, "policy and value heads share one torso")
+    gamma: float = f(0.99, "discount factor", lo=0.0, hi=1.0)
+    lr: float = f(3e-4, "Adam learning rate", lo=0.0, lo_open=True)
+    vf_coef: float = f(0.5, "value loss coefficient", lo=0.0)
+    ent_coef: float = f(0.0, "entropy bonus coefficient", lo=0.0)
+    grad_clip: float | None = f(0.5, "max global gradient norm (null = no clipping)", lo=0.0, lo_open=True)
+    normalize_advantages: bool = f(True, "standardise advantages per update")
+
+
+@dataclass
+class GAEConfig(ActorCriticConfig):
+    gae_lambda: float = f(0.95, "GAE lambda (1.0 = n-step returns)", lo=0.0, hi=1.0)
 
 
 
@@ -51,14 +74,13 @@ class DiagGaussian:
 
 # --- network ----------------------------------------------------------------------
 class ActorCriticNet(nn.Module):
-    """obs -> (action distribution, V(obs)); separate or shared tanh-MLP torsos."""
+    """obs -> (action distribution, V(obs)); separate torsos, or one shared by both heads."""
 
-    def __init__(self, obs_dim: int, out_dim: int, hidden: list[int], shared: bool, box: bool):
+    def __init__(self, pi_torso: nn.Module, v_torso: nn.Module | None, out_dim: int, box: bool):
         super().__init__()
-        self.pi_torso = mlp([obs_dim, *hidden], activation=nn.Tanh)
-        self.v_torso = None if shared else mlp([obs_dim, *hidden], activation=nn.Tanh)
-        self.pi_head = nn.Linear(hidden[-1], out_dim)
-        self.v_head = nn.Linear(hidden[-1], 1)
+        self.pi_torso, self.v_torso = pi_torso, v_torso
+        self.pi_head = nn.Linear(pi_torso.out_features, out_dim)
+        self.v_head = nn.Linear((v_torso or pi_torso).out_features, 1)
         # A small policy head starts near-uniform (Discrete) or near-zero mean (Box).
         with torch.no_grad():
             self.pi_head.weight.mul_(0.01)
@@ -68,10 +90,22 @@ class ActorCriticNet(nn.Module):
     def _dist(self, out: torch.Tensor):
         return Categorical(out) if self.log_std is None else DiagGaussian(out, self.log_std)
 
-    def forward(self, obs: torch.Tensor):
+    def heads(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(policy head output: logits or Gaussian mean, V(obs))."""
         h = self.pi_torso(obs)
         hv = h if self.v_torso is None else self.v_torso(obs)
-        return self._dist(self.pi_head(h)), self.v_head(hv).squeeze(-1)
+        return self.pi_head(h), self.v_head(hv).squeeze(-1)
+
+    def forward(self, obs: torch.Tensor):
+        out, value = self.heads(obs)
+        return self._dist(out), value
+
+    def act_outputs(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
+        """What acting samples from: the head's output, V(obs) and, for Box actions, the Gaussian's log-std."""
+        out, value = self.heads(obs)
+        if self.log_std is None:
+            return {"out": out, "value": value}
+        return {"out": out, "value": value, "log_std": self.log_std.expand_as(out)}
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         torso = self.pi_torso if self.v_torso is None else self.v_torso
@@ -81,16 +115,6 @@ class ActorCriticNet(nn.Module):
         """(log pi(a|s), entropy, V(s)) for stored actions."""
         dist, value = self(obs)
         return dist.log_prob(actions), dist.entropy(), value
-
-
-def build_net(spec: EnvSpec, cfg) -> ActorCriticNet:
-    from gymnasium import spaces
-
-    act = spec.action_space
-    box = isinstance(act, spaces.Box)
-    out_dim = int(np.prod(act.shape)) if box else int(act.n)
-    obs_dim = int(np.prod(spec.observation_space.shape))
-    return ActorCriticNet(obs_dim, out_dim, list(cfg.hidden), cfg.shared_torso, box)
 
 
 # --- learning ---------------------------------------------------------------------
@@ -133,9 +157,9 @@ class ActorCriticLearner(ShardedLearner, Learner):
     of optimizer steps is `optimizer_steps` (they differ for PPO).
     """
 
-    def __init__(self, spec: EnvSpec, cfg, device: str):
-        self.cfg, self.device = cfg, device
-        self.net = build_net(spec, cfg).to(device)
+    def __init__(self, algo: ActorCriticAlgorithm, device: str):
+        self.cfg, self.device = algo.cfg, device
+        self.net = algo.build_network().to(device)
         self.opt = self.make_optimizer()
         self.updates = 0
         self.optimizer_steps = 0
@@ -174,19 +198,18 @@ class ActorCriticLearner(ShardedLearner, Learner):
         self.optimizer_steps = int(state.get("optimizer_steps", 0))
 
 
-class ActorCriticAlgorithm(Algorithm):
-    """Config section = `cfg.<name>`; subclasses set name and learner_cls (the policy is in the registry)."""
+class ActorCriticAlgorithm(NetworkAlgorithm):
+    """An actor-critic's declaration: Discrete or Box actions, tanh MLP torsos by default."""
 
     learner_cls: type[ActorCriticLearner] = ActorCriticLearner
+    model_config = ModelConfig
+    model_defaults = {"hidden": [64, 64], "activation": "tanh"}
+    actions = ("discrete", "box")
+    data_path = "trajectory"
 
-    @property
-    def section(self):
-        return getattr(self.cfg, self.name)
-
-    @classmethod
-    def check_spec(cls, spec: EnvSpec) -> str | None:
-        return spec_problem(cls.name, spec, discrete=True, box=True)
-
-    def make_learner(self, device: str) -> ActorCriticLearner:
-        torch.manual_seed(self.cfg.seed)
-        return self.learner_cls(self.spec, self.section, device)
+    def build_network(self) -> ActorCriticNet:
+        act, obs = self.spec.action_space, self.spec.observation_space
+        box = isinstance(act, spaces.Box)
+        pi_torso = make_torso(obs, self.model, self.image_torso)
+        v_torso = None if self.cfg.shared_torso else make_torso(obs, self.model, self.image_torso)
+        return ActorCriticNet(pi_torso, v_torso, int(np.prod(act.shape)) if box else int(act.n), box)

@@ -1,33 +1,16 @@
-"""The acting half shared by A2C, PPO and IMPALA: ActorCriticNet and its
-distributions in numpy, no torch (rollout workers never import it). A3C's
-policy extends it with a torch copy of the network to compute gradients.
+"""How A2C, A3C, PPO and IMPALA act: sample from the network's outputs with the worker's own RNG.
 
-The networks, losses and learners are in `distrl.algos.actor_critic`.
+The network (`ActorCriticNet`) runs in torch; sampling happens here in numpy, so a worker's
+exploration is its numpy RNG, saved with its state at checkpoints. The learners are in
+`distrl.algos.actor_critic`.
 """
 from __future__ import annotations
 
-
 import numpy as np
+from gymnasium import spaces
 
-from distrl.algos.common import HALF_LOG_2PI, BoxScaler, numpy_linear, numpy_mlp, numpy_sequential
-from distrl.core import Batch, EnvSpec, Policy, Trajectory, Weights
-
-
-
-# --- numpy acting (the same maths as ActorCriticNet and its distributions) -----------
-def numpy_net(weights: Weights) -> dict:
-    return {"pi_torso": numpy_sequential(weights, "pi_torso"),
-            "v_torso": numpy_sequential(weights, "v_torso") if "v_torso.0.weight" in weights else None,
-            "pi_head": numpy_linear(weights, "pi_head"), "v_head": numpy_linear(weights, "v_head"),
-            "log_std": np.asarray(weights["log_std"], np.float32) if "log_std" in weights else None}
-
-
-def numpy_forward(layers: dict, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(policy head output, V(obs)) of ActorCriticNet, in float32 numpy."""
-    h = numpy_mlp(layers["pi_torso"], obs, np.tanh)
-    hv = h if layers["v_torso"] is None else numpy_mlp(layers["v_torso"], obs, np.tanh)
-    (wp, bp), (wv, bv) = layers["pi_head"], layers["v_head"]
-    return h @ wp + bp, (hv @ wv + bv)[:, 0]
+from distrl.algos.common import HALF_LOG_2PI, BoxScaler, NetworkPolicy, stored_obs
+from distrl.core import Batch, Trajectory
 
 
 def categorical_act(logits: np.ndarray, rng: np.random.Generator | None) -> tuple[np.ndarray, np.ndarray]:
@@ -51,34 +34,15 @@ def gaussian_act(mean: np.ndarray, log_std: np.ndarray, rng: np.random.Generator
     return a.astype(np.float32), logp.astype(np.float32)
 
 
-# --- policy -----------------------------------------------------------------------
-class ActorCriticPolicy(Policy):
-    """Samples (explore) or takes the mode (evaluator); extras: logp, value (+ raw_action for Box).
+class ActorCriticPolicy(NetworkPolicy):
+    """Samples (explore) or takes the mode (evaluator); extras: logp, value (+ raw_action for Box)."""
 
-    Acting runs the net in numpy: for a few dozen rows, torch's per-op overhead
-    would cost more than the arithmetic.
-    """
-
-    def __init__(self, spec: EnvSpec, cfg, worker_index: int, num_workers: int, seed: int):
-        from gymnasium import spaces
-
-        self.cfg = cfg
-        self.box = BoxScaler(spec.action_space) if isinstance(spec.action_space, spaces.Box) else None
-        self.worker_index = worker_index
-        self.rng = np.random.default_rng(seed)  # saved with the worker's state at checkpoints
-        self._np: dict | None = None  # set_weights comes before the first act (workers pull first)
-
-    def set_weights(self, weights: Weights, version: int) -> None:
-        self._np = numpy_net(weights)
-        self.version = version
+    def __init__(self, algo, worker_index: int, num_workers: int, seed: int):
+        super().__init__(algo, worker_index, num_workers, seed)
+        self.box = BoxScaler(algo.spec.action_space) if isinstance(algo.spec.action_space, spaces.Box) else None
 
     def forward(self, obs: np.ndarray, state: None):
-        if self._np is None:
-            raise RuntimeError(f"{type(self).__name__} has no weights yet: call set_weights first")
-        out, value = numpy_forward(self._np, np.asarray(obs, np.float32).reshape(len(obs), -1))
-        if self.box is not None:  # the Gaussian's log-std is a weight: it travels with the outputs
-            return {"out": out, "value": value, "log_std": np.broadcast_to(self._np["log_std"], out.shape)}, None
-        return {"out": out, "value": value}, None
+        return self.run("act_outputs", obs), None
 
     def act(self, obs: np.ndarray, explore: bool):
         net = self.infer(obs)
@@ -92,11 +56,11 @@ class ActorCriticPolicy(Policy):
     def postprocess(self, traj: Trajectory) -> tuple[Batch, None]:
         actions = traj.extras.get("raw_action", traj.actions)
         return {
-            "obs": traj.obs.astype(np.float32, copy=False),
+            "obs": stored_obs(traj.obs),
             "actions": actions,
             "rewards": traj.rewards.astype(np.float32, copy=False),
             "terminated": traj.terminated.astype(bool, copy=False),
             "truncated": traj.truncated.astype(bool, copy=False),
-            "next_obs": traj.next_obs.astype(np.float32, copy=False),
+            "next_obs": stored_obs(traj.next_obs),
             "logp": traj.extras["logp"].astype(np.float32, copy=False),
         }, None

@@ -3,11 +3,11 @@
 Workers act epsilon-greedily with per-worker epsilons (Horgan et al., 2018:
 eps_i = eps ** (1 + alpha * i / (N - 1))) and compute each transition's
 initial priority |TD error| from their own Q-values; the learner trains on
-importance-weighted Huber loss and returns fresh priorities. The acting half
-(`DQNPolicy`) is in `distrl.algos.apex_dqn_acting`, free of torch.
+importance-weighted Huber loss and returns fresh priorities.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -15,36 +15,36 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from distrl.algos.common import ReplayAlgorithm, TargetNetworkState, as_tensors, mlp, skipped
+from distrl.algos.common import NetworkAlgorithm, NetworkPolicy, as_tensors, nstep_items, skipped
+from distrl.algos.qlearning import DuelingHead, QLearningConfig, TargetNetworkState, epsilon_greedy, worker_epsilon
 from distrl.algos.sharding import ShardedLearner
-from distrl.core import Batch, EnvSpec, Learner
+from distrl.config.fields import f
+from distrl.config.sections import ModelConfig
+from distrl.core import Batch, Learner, Trajectory
+from distrl.models import make_torso
+
+
+@dataclass
+class ApexDQNConfig(QLearningConfig):
+    lr: float = f(2e-3, "Adam learning rate", lo=0.0, lo_open=True)
 
 
 class QNetwork(nn.Module):
-    def __init__(self, obs_dim: int, num_actions: int, hidden: list[int], dueling: bool):
+    """torso -> dueling Q head."""
+
+    def __init__(self, torso: nn.Module, num_actions: int, dueling: bool):
         super().__init__()
-        self.torso = mlp([obs_dim, *hidden])
-        self.dueling = dueling
-        self.advantage = nn.Linear(hidden[-1], num_actions)
-        self.value = nn.Linear(hidden[-1], 1) if dueling else None
+        self.torso = torso
+        self.head = DuelingHead(torso.out_features, num_actions, dueling)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        h = self.torso(obs)
-        adv = self.advantage(h)
-        if self.value is None:
-            return adv
-        return self.value(h) + adv - adv.mean(dim=1, keepdim=True)
-
-
-def _build_q(spec: EnvSpec, cfg) -> QNetwork:
-    obs_dim = int(np.prod(spec.observation_space.shape))
-    return QNetwork(obs_dim, int(spec.action_space.n), list(cfg.hidden), cfg.dueling)
+        return self.head(self.torso(obs))
 
 
 class DQNLearner(TargetNetworkState, ShardedLearner, Learner):
-    def __init__(self, spec: EnvSpec, cfg, device: str):
-        self.cfg, self.device = cfg, device
-        self.init_networks(lambda: _build_q(spec, cfg), device)
+    def __init__(self, algo: ApexDQN, device: str):
+        self.cfg, self.device = algo.cfg, device
+        self.init_networks(algo.build_network, device)
 
     def trained_module(self) -> nn.Module:
         return self.q
@@ -84,10 +84,46 @@ class DQNLearner(TargetNetworkState, ShardedLearner, Learner):
         }
 
 
-class ApexDQN(ReplayAlgorithm):
+class DQNPolicy(NetworkPolicy):
+    """Epsilon-greedy on the Q-network; n-step transitions with initial priorities from its own Q-values."""
+
+    env_steps = 0
+
+    @property
+    def epsilon(self) -> float:
+        return worker_epsilon(self.cfg, self.worker_index, self.num_workers, self.env_steps)
+
+    def forward(self, obs: np.ndarray, state: None):
+        return {"q": self.run("forward", obs)}, None
+
+    def observe_steps(self, env_steps: int) -> None:
+        self.env_steps = env_steps
+
+    def act(self, obs: np.ndarray, explore: bool):
+        q = self.infer(obs)["q"]
+        return epsilon_greedy(q, self.epsilon, self.rng if explore else None), {"q": q}
+
+    def postprocess(self, traj: Trajectory) -> tuple[Batch, np.ndarray]:
+        items = nstep_items(traj, self.cfg.gamma, self.cfg.n_step)
+        # Initial priority (Ape-X): |TD error| under this worker's own Q-values.
+        q_taken = np.take_along_axis(traj.extras["q"].reshape(len(items["actions"]), -1),
+                                     items["actions"].reshape(-1, 1).astype(np.int64), axis=1)[:, 0]
+        q_next = self.evaluate(items["next_obs"])[0]["q"].max(axis=1)
+        td = items["rewards"] + items["discounts"] * q_next - q_taken
+        # A reward near float32's limit can overflow the n-step sum: such an item is still stored, at top priority.
+        return items, np.nan_to_num(np.abs(td), nan=np.finfo(np.float32).max, posinf=np.finfo(np.float32).max)
+
+
+class ApexDQN(NetworkAlgorithm):
     name = "apex_dqn"
-    learner_cls = DQNLearner
-    discrete, box = True, False
+    config = ApexDQNConfig
+    model_config = ModelConfig
+    model_defaults = {"hidden": [64, 64]}
+    actions = ("discrete",)
+    data_path = "replay"
+    gradient_workers = True
+    learner_cls, policy_cls = DQNLearner, DQNPolicy
 
-
-ALGORITHM = ApexDQN
+    def build_network(self) -> QNetwork:
+        torso = make_torso(self.spec.observation_space, self.model, self.image_torso)
+        return QNetwork(torso, int(self.spec.action_space.n), self.cfg.dueling)

@@ -1,8 +1,8 @@
 """DHC: a parameter-shared recurrent Q-network for communicating agents (Ma, Luo, Pan 2021).
 
-The network (`DHCNetwork`, one set of weights for every agent; numpy twin and the exact
-equations in `distrl.algos.dhc_acting`): encoder (3x3 convs + Linear over a field of view, or an
-MLP over flat observations) -> GRU -> communication block -> (dueling) Q head. The block is
+The network (`DHCNetwork`, one set of weights for every agent): a torso from the torso factory
+(by default padded 3x3 convs over a field of view, or an MLP over flat observations) and a
+Linear + ReLU to the core's width -> GRU (or LSTM) -> communication block -> (dueling) Q head. The block is
 `comm_rounds` rounds of multi-head attention of each agent over itself and its live neighbours
 in the stored communication mask (masked logits are -inf, so masked agents get weight exactly 0
 and the self term keeps every row non-empty), each followed by a GRU-cell update of agents that
@@ -32,16 +32,31 @@ and inactive agents (whose observations are zero) get the encoder's output for a
 """
 from __future__ import annotations
 
-import itertools
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+from gymnasium import spaces
 from torch import nn
 
-from distrl.algos.common import SequenceAlgorithm, SequenceQLearner, as_tensors, mlp
-from distrl.algos.dhc_acting import agent_nstep_targets, agent_priorities
+from distrl.algos.common import NetworkAlgorithm, as_tensors
+from distrl.algos.dhc_acting import DHCPolicy, agent_nstep_targets, agent_priorities
+from distrl.algos.qlearning import DuelingHead, QLearningConfig, SequenceQLearner
+from distrl.config.fields import f
+from distrl.config.sections import RecurrentModelConfig
 from distrl.core import Batch, EnvSpec, Learner
+from distrl.models import RecurrentCore, make_torso
+
+
+@dataclass
+class DHCConfig(QLearningConfig):
+    comm: bool = f(True, "exchange messages between agents (off: independent parameter-shared agents)")
+    comm_heads: int = f(2, "attention heads of the communication block", lo=1)
+    comm_rounds: int = f(1, "rounds of communication per step", lo=1)
+    priority_eta: float = f(0.9, "sequence priority: eta * max|td| + (1 - eta) * mean|td| over agents and steps", lo=0.0, hi=1.0)
+    target_update_interval: int = f(200, "updates between target-network copies", lo=1)
+    eps_decay_steps: int = f(20000, "worker env steps over which a single worker's epsilon decays", lo=1)
 
 
 class CommRound(nn.Module):
@@ -66,31 +81,21 @@ class CommRound(nn.Module):
 
 
 class DHCNetwork(nn.Module):
-    """Encoder -> GRU -> communication -> (dueling) Q; states are (B, N, 1, C) as in `dhc_acting`."""
+    """Encoder -> recurrent core -> communication -> (dueling) Q; states are (B, N, S, C) (S = 1 for a GRU)."""
 
-    def __init__(self, obs_shape: tuple, num_actions: int, encoder: list[int], core_size: int,
+    def __init__(self, torso: nn.Module, obs_shape: tuple, num_actions: int, core: str, core_size: int,
                  comm: bool, heads: int, rounds: int, dueling: bool):
         super().__init__()
         self.obs_shape = tuple(obs_shape)
-        if len(self.obs_shape) == 3:
-            layers, c = [], self.obs_shape[0]
-            for out in encoder:
-                layers += [nn.Conv2d(c, out, 3, padding=1), nn.ReLU()]
-                c = out
-            self.conv = nn.Sequential(*layers)
-            self.proj = nn.Linear(c * self.obs_shape[1] * self.obs_shape[2], core_size)
-        else:
-            self.torso = mlp([self.obs_shape[0], *encoder, core_size])
-        self.core = nn.GRU(core_size, core_size)
+        self.torso = torso
+        self.proj = nn.Linear(torso.out_features, core_size)
+        self.core = RecurrentCore(core, core_size, core_size)
         self.comm = nn.ModuleList([CommRound(core_size, heads) for _ in range(rounds)] if comm else [])
-        self.advantage = nn.Linear(core_size, num_actions)
-        self.value = nn.Linear(core_size, 1) if dueling else None
+        self.head = DuelingHead(core_size, num_actions, dueling)
 
     def encode(self, obs: torch.Tensor) -> torch.Tensor:
         """(M, core_size) features of (M, *obs_shape)."""
-        if len(self.obs_shape) == 3:
-            return torch.relu(self.proj(self.conv(obs).flatten(1)))
-        return self.torso(obs)
+        return torch.relu(self.proj(self.torso(obs)))
 
     def features(self, obs: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
         """(T, B*N, C) features of obs (T, B, N, ...); where `rows` is False the obs is zero, so
@@ -105,21 +110,13 @@ class DHCNetwork(nn.Module):
         return out.view(t, b * n, -1)
 
     def recurrent(self, obs, state, first, rows=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """GRU outputs (T, B, N, C) and final state (B, N, 1, C) from obs (T, B, N, ...), state
-        (B, N, 1, C), first (T, B) (zero every agent's state before such a step)."""
+        """Core outputs (T, B, N, C) and final state (B, N, S, C) from obs (T, B, N, ...), state
+        (B, N, S, C), first (T, B) (zero every agent's state before such a step)."""
         t, b, n = obs.shape[:3]
-        x = self.features(obs, rows)
-        hx = state.reshape(1, b * n, -1)
-        keep = (~first).to(x.dtype)[:, :, None].expand(t, b, n).reshape(t, b * n, 1)
-        resets = torch.nonzero(first.any(dim=1)).flatten().tolist()
-        outs = []
-        for lo, hi in itertools.pairwise(sorted({0, *resets}) + [t]):
-            if lo in resets:
-                hx = hx * keep[lo]
-            out, hx = self.core(x[lo:hi], hx)  # fused over the segment between resets
-            outs.append(out)
-        out = outs[0] if len(outs) == 1 else torch.cat(outs)
-        return out.view(t, b, n, -1), hx.view(b, n, 1, -1)
+        agents_first = first[:, :, None].expand(t, b, n).reshape(t, b * n)
+        out, final = self.core.unroll(self.features(obs, rows), state.reshape(b * n, *state.shape[2:]),
+                                      agents_first)
+        return out.view(t, b, n, -1), final.view(b, n, *final.shape[1:])
 
     def communicate(self, h: torch.Tensor, comm_mask: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
         """The communication block on h (..., N, C) with comm_mask (..., N, N), active (..., N)."""
@@ -135,25 +132,23 @@ class DHCNetwork(nn.Module):
             h = rnd(h, allowed, has_message)
         return h.view(*lead, n, -1)
 
-    def head(self, h: torch.Tensor) -> torch.Tensor:
-        adv = self.advantage(h)
-        if self.value is None:
-            return adv
-        return self.value(h) + adv - adv.mean(dim=-1, keepdim=True)
-
     def q_values(self, h, comm_mask, active) -> torch.Tensor:
         return self.head(self.communicate(h, comm_mask, active))
 
-
-def build_network(spec: EnvSpec, cfg) -> DHCNetwork:
-    return DHCNetwork(tuple(spec.observation_space.shape), int(spec.action_space.n), list(cfg.encoder),
-                      cfg.core_size, cfg.comm, cfg.comm_heads, cfg.comm_rounds, cfg.dueling)
+    def step(self, obs: dict[str, torch.Tensor], state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One joint step of E envs: (Q (E, N, A), next state (E, N, S, C)) from {"obs" (E, N, ...),
+        "comm_mask" (E, N, N), "active" (E, N)} and states (E, N, S, C)."""
+        x = obs["obs"]
+        e, n = x.shape[:2]
+        out, after = self.core.step(self.encode(x.reshape(e * n, *self.obs_shape)),
+                                    state.reshape(e * n, *state.shape[2:]))
+        q = self.q_values(out.view(e, n, -1), obs["comm_mask"], obs["active"])
+        return q, after.view(e, n, *after.shape[1:])
 
 
 class DHCLearner(SequenceQLearner, Learner):
-    """The DHC update on time-major multi-agent sequence batches (module docstring); `seq` is the SequenceConfig."""
+    """The DHC update on time-major multi-agent sequence batches (module docstring)."""
 
-    build_network = staticmethod(build_network)
     priorities = staticmethod(agent_priorities)
 
     def _unroll_both(self, t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -193,21 +188,27 @@ class DHCLearner(SequenceQLearner, Learner):
         return self.step_and_report(*self.loss_and_td(as_tensors(batch, self.device)))
 
 
-class DHC(SequenceAlgorithm):
+class DHC(NetworkAlgorithm):
     name = "dhc"
-    learner_cls = DHCLearner
-    discrete, box = True, False
+    config = DHCConfig
+    model_config = RecurrentModelConfig
+    model_defaults = {"hidden": [32, 32], "conv_channels": [32, 32], "core": "gru", "core_size": 64}
+    image_torso = "conv3x3"  # a field of view is a few cells wide: no striding CNN fits it
+    actions = ("discrete",)
+    data_path = "sequence"
+    multi_agent = True
+    learner_cls, policy_cls = DHCLearner, DHCPolicy
 
     @classmethod
     def check_spec(cls, spec: EnvSpec) -> str | None:
-        from gymnasium import spaces
-
         if not isinstance(spec.action_space, spaces.Discrete):
             return f"dhc needs a Discrete action space, the env has {spec.action_space}"
         obs = spec.observation_space
-        if not isinstance(obs, spaces.Box) or len(obs.shape) not in (1, 3):
-            return f"dhc needs a Box observation of shape (C, H, W) or (D,), the env has {obs}"
+        if not isinstance(obs, spaces.Box):
+            return f"dhc needs a Box observation space, the env has {obs}"
         return None
 
-
-ALGORITHM = DHC
+    def build_network(self) -> DHCNetwork:
+        space, c, m = self.spec.observation_space, self.cfg, self.model
+        return DHCNetwork(make_torso(space, m, self.image_torso), space.shape, int(self.spec.action_space.n),
+                          m.core, m.core_size, c.comm, c.comm_heads, c.comm_rounds, c.dueling)

@@ -11,15 +11,24 @@ Adam is less sensitive to the learning rate and matches the rest of distrl.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from distrl.algos.actor_critic import (ActorCriticAlgorithm, ActorCriticLearner, actor_critic_loss,
-                                       bootstrap_values, normalize, time_major)
+from distrl.algos.actor_critic import (ActorCriticAlgorithm, ActorCriticConfig, ActorCriticLearner,
+                                       actor_critic_loss, bootstrap_values, normalize, time_major)
+from distrl.algos.actor_critic_acting import ActorCriticPolicy
 from distrl.algos.advantages import vtrace
 from distrl.algos.common import skipped
+from distrl.config.fields import f
 from distrl.core import Batch
+
+
+@dataclass
+class ImpalaConfig(ActorCriticConfig):
+    rho_bar: float = f(1.0, "V-trace importance weight clip for the value target and advantages", lo=0.0, lo_open=True)
+    c_bar: float = f(1.0, "V-trace trace-cutting clip", lo=0.0, lo_open=True)
 
 
 class ImpalaLearner(ActorCriticLearner):
@@ -51,7 +60,6 @@ class ImpalaLearner(ActorCriticLearner):
 
 class Impala(ActorCriticAlgorithm):
     name = "impala"
-    learner_cls = ImpalaLearner
-
-
-ALGORITHM = Impala
+    config = ImpalaConfig
+    gradient_workers = True
+    learner_cls, policy_cls = ImpalaLearner, ActorCriticPolicy

@@ -18,15 +18,28 @@ the policy that actually collected the data.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from distrl.algos.actor_critic import (ActorCriticAlgorithm, ActorCriticLearner, bootstrap_values,
+from distrl.algos.actor_critic import (ActorCriticAlgorithm, ActorCriticLearner, GAEConfig, bootstrap_values,
                                        normalize, time_major)
+from distrl.algos.actor_critic_acting import ActorCriticPolicy
 from distrl.algos.advantages import gae, vtrace
 from distrl.algos.common import skipped
+from distrl.config.fields import f
 from distrl.core import Batch
+
+
+@dataclass
+class PPOConfig(GAEConfig):
+    clip: float = f(0.2, "surrogate ratio clip", lo=0.0, lo_open=True)
+    vf_clip: float | None = f(None, "value clipping range (null = off)", lo=0.0, lo_open=True)
+    epochs: int = f(4, "passes over each batch", lo=1)
+    minibatches: int = f(4, "minibatches per epoch", lo=1)
+    rho_bar: float = f(1.0, "async lag correction: V-trace importance weight clip", lo=0.0, lo_open=True)
+    c_bar: float = f(1.0, "async lag correction: V-trace trace-cutting clip", lo=0.0, lo_open=True)
 
 
 def ppo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
@@ -106,7 +119,6 @@ class PPOLearner(ActorCriticLearner):
 
 class PPO(ActorCriticAlgorithm):
     name = "ppo"
-    learner_cls = PPOLearner
-
-
-ALGORITHM = PPO
+    config = PPOConfig
+    gradient_workers = True
+    learner_cls, policy_cls = PPOLearner, ActorCriticPolicy

@@ -1,8 +1,8 @@
 """R2D2: recurrent Ape-X DQN trained on stored sequences (Kapturowski et al., 2019).
 
-The Q-network is an MLP torso (ReLU) -> LSTM or GRU core -> dueling head. Workers act with it in
-numpy (`distrl.algos.r2d2_acting`, which also holds the target maths both halves share) and store
-overlapping sequences of L = burn_in + length + n_step steps together with the recurrent state
+The Q-network is a torso from the torso factory -> LSTM or GRU core -> dueling head. Workers act
+with it one step at a time (`distrl.algos.r2d2_acting`, which also holds the target maths both
+halves share) and store overlapping sequences of L = burn_in + length + n_step steps together with the recurrent state
 the worker had before each sequence's first real step (`distrl.replay.sequences`).
 
 One update on a time-major batch (L, B, ...):
@@ -21,90 +21,75 @@ One update on a time-major batch (L, B, ...):
    every `target_update_interval` updates. New priorities per item:
    eta * max|td| + (1 - eta) * mean|td| over its trained real steps.
 
-The core runs as torch's fused nn.LSTM / nn.GRU over the segments between resets, which is
-faster on a CPU than a Python loop of cells.
+The core (`distrl.models.RecurrentCore`) runs as torch's fused nn.LSTM / nn.GRU over the segments
+between resets.
 """
 from __future__ import annotations
 
-import itertools
+from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
-from distrl.algos.common import SequenceAlgorithm, SequenceQLearner, as_tensors, mlp
-from distrl.algos.r2d2_acting import nstep_targets, rescale, sequence_priorities, unrescale
-from distrl.core import Batch, EnvSpec, Learner
+from distrl.algos.common import NetworkAlgorithm, as_tensors
+from distrl.algos.qlearning import DuelingHead, QLearningConfig, SequenceQLearner
+from distrl.algos.r2d2_acting import R2D2Policy, nstep_targets, rescale, sequence_priorities, unrescale
+from distrl.config.fields import f
+from distrl.config.sections import RecurrentModelConfig
+from distrl.core import Batch, Learner
+from distrl.models import RecurrentCore, make_torso
+
+
+@dataclass
+class R2D2Config(QLearningConfig):
+    value_rescaling: bool = f(True, "targets through h(x) = sign(x)(sqrt(|x|+1) - 1) + eps x and its inverse")
+    rescale_eps: float = f(1e-3, "the eps of the value rescaling h", lo=0.0)
+    priority_eta: float = f(0.9, "sequence priority: eta * max|td| + (1 - eta) * mean|td|", lo=0.0, hi=1.0)
 
 
 class R2D2Network(nn.Module):
-    """Torso -> recurrent core -> (dueling) Q head; states are (B, S, C) as in `r2d2_acting`."""
+    """Torso -> recurrent core -> (dueling) Q head; states are (B, S, C) (`distrl.models.cores`)."""
 
-    def __init__(self, obs_dim: int, num_actions: int, hidden: list[int], core: str, core_size: int,
+    def __init__(self, torso: nn.Module, obs_shape: tuple, num_actions: int, core: str, core_size: int,
                  dueling: bool):
         super().__init__()
-        self.torso = mlp([obs_dim, *hidden])
-        self.lstm = core == "lstm"
-        self.core = (nn.LSTM if self.lstm else nn.GRU)(hidden[-1], core_size)
-        self.advantage = nn.Linear(core_size, num_actions)
-        self.value = nn.Linear(core_size, 1) if dueling else None
+        self.torso, self.obs_shape = torso, tuple(obs_shape)
+        self.core = RecurrentCore(core, torso.out_features, core_size)
+        self.head = DuelingHead(core_size, num_actions, dueling)
 
-    def head(self, h: torch.Tensor) -> torch.Tensor:
-        adv = self.advantage(h)
-        if self.value is None:
-            return adv
-        return self.value(h) + adv - adv.mean(dim=-1, keepdim=True)
+    def features(self, obs: torch.Tensor) -> torch.Tensor:
+        """The torso over any leading axes: (..., *obs_shape) -> (..., F)."""
+        lead = obs.shape[:obs.dim() - len(self.obs_shape)]
+        return self.torso(obs.reshape(-1, *self.obs_shape)).view(*lead, -1)
 
-    def unroll(self, obs: torch.Tensor, state: torch.Tensor, keep: torch.Tensor,
-               resets: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Core outputs (T, B, C) and the final state (B, S, C) over obs (T, B, D) from `state`.
+    def unroll(self, obs: torch.Tensor, state: torch.Tensor, first: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Core outputs (T, B, C) and the final state (B, S, C) over obs (T, B, ...) from `state`, the state
+        zeroed before each step where `first` (T, B) is True."""
+        return self.core.unroll(self.features(obs), state, first)
 
-        `keep` (T, B, 1) is 0 where an item's state resets before the step; `resets` lists the
-        steps where any item resets, so the fused core runs once per segment between them.
-        """
-        x = self.torso(obs)
-        hx = state.transpose(0, 1).contiguous()  # (S, B, C): h (and c) in the core's layer-first layout
-        hx = (hx[0:1], hx[1:2]) if self.lstm else hx
-        cuts = sorted({0, *resets}) + [obs.shape[0]]
-        outs = []
-        for a, b in itertools.pairwise(cuts):
-            if a in resets:
-                hx = tuple(s * keep[a] for s in hx) if self.lstm else hx * keep[a]
-            out, hx = self.core(x[a:b], hx)
-            outs.append(out)
-        final = torch.cat(hx, 0) if self.lstm else hx
-        return (outs[0] if len(outs) == 1 else torch.cat(outs)), final.transpose(0, 1)
-
-
-def build_network(spec: EnvSpec, cfg) -> R2D2Network:
-    obs_dim = int(np.prod(spec.observation_space.shape))
-    return R2D2Network(obs_dim, int(spec.action_space.n), list(cfg.hidden), cfg.core, cfg.core_size,
-                       cfg.dueling)
-
-
-def _resets(first: torch.Tensor, lo: int, hi: int) -> list[int]:
-    """Steps in [lo, hi) where some item resets, relative to lo."""
-    return (torch.nonzero(first[lo:hi].any(dim=1)).flatten()).tolist()
+    def step(self, obs: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(Q (B, A), next state (B, S, C)) of one step."""
+        out, after = self.core.step(self.features(obs), state)
+        return self.head(out), after
 
 
 class R2D2Learner(SequenceQLearner, Learner):
-    """The R2D2 update on time-major sequence batches (see the module docstring); `seq` is the SequenceConfig."""
+    """The R2D2 update on time-major sequence batches (see the module docstring)."""
 
-    build_network = staticmethod(build_network)
     priorities = staticmethod(sequence_priorities)
 
     def _unroll_both(self, t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Online Q with gradient and target Q, both (L - burn_in, B, A), after the burn-in."""
         b = self.burn_in
         obs, first, state = t["obs"], t["first"], t["state"]
-        keep = (~first).to(obs.dtype).unsqueeze(-1)
         with torch.no_grad():
-            out, _ = self.target.unroll(obs, state, keep, _resets(first, 0, len(obs)))
+            out, _ = self.target.unroll(obs, state, first)
             q_target = self.target.head(out[b:])
             if b:
-                _, state = self.q.unroll(obs[:b], state, keep[:b], _resets(first, 0, b))
-        out, _ = self.q.unroll(obs[b:], state, keep[b:], _resets(first, b, len(obs)))
+                _, state = self.q.unroll(obs[:b], state, first[:b])
+        out, _ = self.q.unroll(obs[b:], state, first[b:])
         return self.q.head(out), q_target
 
     def loss_and_td(self, t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -138,10 +123,16 @@ class R2D2Learner(SequenceQLearner, Learner):
         return self.step_and_report(loss, td, q_taken, t["mask"][self.burn_in:self.burn_in + self.length])
 
 
-class R2D2(SequenceAlgorithm):
+class R2D2(NetworkAlgorithm):
     name = "r2d2"
-    learner_cls = R2D2Learner
-    discrete, box = True, False
+    config = R2D2Config
+    model_config = RecurrentModelConfig
+    model_defaults = {"hidden": [64], "core": "lstm", "core_size": 64}
+    actions = ("discrete",)
+    data_path = "sequence"
+    learner_cls, policy_cls = R2D2Learner, R2D2Policy
 
-
-ALGORITHM = R2D2
+    def build_network(self) -> R2D2Network:
+        space = self.spec.observation_space
+        return R2D2Network(make_torso(space, self.model, self.image_torso), space.shape,
+                           int(self.spec.action_space.n), self.model.core, self.model.core_size, self.cfg.dueling)

@@ -1,8 +1,8 @@
-"""R2D2's acting half and the sequence maths both halves share; numpy only, no torch.
+"""R2D2's acting half and the sequence maths both halves share.
 
 R2D2 (Kapturowski et al., 2019) is Ape-X DQN with a recurrent Q-network trained on stored
-sequences. A worker acts with the network in numpy, one recurrent state per env (reset when
-the env's episode ends), and hands every step's state *before* the step to the
+sequences. A worker acts with the network one step at a time, one recurrent state per env (reset
+when the env's episode ends), and hands every step's state *before* the step to the
 `SequenceAdder`, which cuts each episode into overlapping sequences of
 `burn_in + length + n_step` steps (see `distrl.replay.sequences` and `SequenceConfig`):
 
@@ -11,9 +11,6 @@ the env's episode ends), and hands every step's state *before* the step to the
 The stored state of a sequence is the worker's state before its first real step, so the
 learner (`distrl.algos.r2d2`) starts from it, lets the burn-in steps refresh it under its
 current weights, and trains on the `length` steps after them.
-
-Network: MLP torso (ReLU) -> LSTM or GRU core -> (dueling) Q head, computed here with the
-equations and gate order of torch's nn.LSTM (i, f, g, o) and nn.GRU (r, z, n).
 
 State layout, everywhere (policy extras, stored items, learner batches): float32
 (..., S, core_size) with S = 2 for an LSTM ([0] = h, [1] = c) and S = 1 for a GRU ([0] = h).
@@ -26,10 +23,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from distrl.algos.apex_dqn_acting import worker_epsilon
-from distrl.algos.common import numpy_linear, numpy_mlp, numpy_relu, numpy_sequential
-from distrl.config.sections import SequenceConfig
-from distrl.core import Batch, EnvSpec, Policy, Trajectory, Weights
+from distrl.algos.common import NetworkPolicy, stored_obs
+from distrl.algos.qlearning import epsilon_greedy, worker_epsilon
+from distrl.core import Batch, Trajectory
 from distrl.replay.sequences import SequenceAdder, chunks_per_item
 
 # ---------------------------------------------------------------- shared sequence maths
@@ -88,74 +84,23 @@ def sequence_priorities(abs_td: np.ndarray, mask: np.ndarray, eta: float) -> np.
     return eta * abs_td.max(axis=0) + (1.0 - eta) * abs_td.sum(axis=0) / count
 
 
-def state_shape(cfg) -> tuple[int, int]:
-    """(S, core_size): the recurrent state of one env (S = 2 for LSTM h and c, 1 for GRU h)."""
-    return (2 if cfg.core == "lstm" else 1, int(cfg.core_size))
-
-
-# ---------------------------------------------------------------- the network in numpy
-
-
-def _sigmoid(x: np.ndarray) -> np.ndarray:
-    return 0.5 * (1.0 + np.tanh(0.5 * x))  # no overflow for large |x|, unlike 1 / (1 + exp(-x))
-
-
-class NumpyR2D2Net:
-    """The torch `R2D2Network` (torso, nn.LSTM/nn.GRU core, head) from its state_dict, one step at a time."""
-
-    def __init__(self, weights: Weights, core: str):
-        self.core = core
-        self.torso = numpy_sequential(weights, "torso")
-        self.w_ih = np.ascontiguousarray(np.asarray(weights["core.weight_ih_l0"], np.float32).T)
-        self.w_hh = np.ascontiguousarray(np.asarray(weights["core.weight_hh_l0"], np.float32).T)
-        self.b_ih = np.asarray(weights["core.bias_ih_l0"], np.float32)
-        self.b_hh = np.asarray(weights["core.bias_hh_l0"], np.float32)
-        self.adv = numpy_linear(weights, "advantage")
-        self.value = numpy_linear(weights, "value") if "value.weight" in weights else None
-
-    def step(self, obs: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(Q (E, A), next state (E, S, C)) from observations (E, D) and states (E, S, C)."""
-        x = numpy_mlp(self.torso, np.asarray(obs, np.float32), numpy_relu)
-        h = state[:, 0]
-        gx = x @ self.w_ih + self.b_ih
-        gh = h @ self.w_hh + self.b_hh
-        if self.core == "lstm":
-            i, f, g, o = np.split(gx + gh, 4, axis=1)
-            c = _sigmoid(f) * state[:, 1] + _sigmoid(i) * np.tanh(g)
-            h = _sigmoid(o) * np.tanh(c)
-            new_state = np.stack([h, c], axis=1)
-        else:
-            xr, xz, xn = np.split(gx, 3, axis=1)
-            hr, hz, hn = np.split(gh, 3, axis=1)
-            r, z = _sigmoid(xr + hr), _sigmoid(xz + hz)
-            n = np.tanh(xn + r * hn)  # the reset gate scales the recurrent term with its bias, as torch does
-            h = (1.0 - z) * n + z * h
-            new_state = h[:, None]
-        return self.head(h), new_state.astype(np.float32, copy=False)
-
-    def head(self, h: np.ndarray) -> np.ndarray:
-        adv = h @ self.adv[0] + self.adv[1]
-        if self.value is None:
-            return adv
-        return (h @ self.value[0] + self.value[1]) + adv - adv.mean(axis=1, keepdims=True)
-
-
 # ---------------------------------------------------------------- the policy
 
 
-class SequencePolicy(Policy):
-    """What the recurrent epsilon-greedy policies share: their config, how experience is cut into
-    sequences, Ape-X per-worker epsilons (the evaluator, index -1, is greedy) and the step count."""
+class SequencePolicy(NetworkPolicy):
+    """What the recurrent epsilon-greedy policies share: their network with one state per env (kept by
+    `Policy.infer`'s inference, local or central), how experience is cut into sequences, Ape-X
+    per-worker epsilons (the evaluator, index -1, is greedy) and the step count."""
 
-    def __init__(self, spec: EnvSpec, cfg, worker_index: int, num_workers: int, seed: int,
-                 sequence: SequenceConfig | None = None):
-        self.cfg = cfg
-        self.seq = sequence or SequenceConfig()
-        self.num_actions = int(spec.action_space.n)
-        self.worker_index, self.num_workers = worker_index, num_workers
+    def __init__(self, algo, worker_index: int, num_workers: int, seed: int):
+        super().__init__(algo, worker_index, num_workers, seed)
+        self.seq = algo.sequence
         self.seed = seed
-        self.rng = np.random.default_rng(seed)
         self.env_steps = 0
+        core = tuple(self.net.core.state_shape)  # (S, core_size): 2 for an LSTM's h and c, 1 for a GRU's h
+        self.state_shape = (algo.spec.num_agents, *core) if algo.multi_agent else core  # one env's
+        self._adder: SequenceAdder | None = None  # built at the first postprocess
+        self._stepped = False                     # an act since the last episodes_ended
 
     @property
     def epsilon(self) -> float:
@@ -168,44 +113,18 @@ class SequencePolicy(Policy):
     def observe_steps(self, env_steps: int) -> None:
         self.env_steps = env_steps
 
+    def forward(self, obs, state: np.ndarray):
+        q, after = self.run("step", obs, state)
+        return {"q": q}, after
 
-class R2D2Policy(SequencePolicy):
-    """Epsilon-greedy recurrent acting.
-
-    `sequence` is the run's `SequenceConfig` (`registry.make_policy` passes it); the learner checks
-    that the sequences it receives have the length it expects.
-    """
-
-    def __init__(self, spec: EnvSpec, cfg, worker_index: int, num_workers: int, seed: int,
-                 sequence: SequenceConfig | None = None):
-        super().__init__(spec, cfg, worker_index, num_workers, seed, sequence)
-        self.state_shape = state_shape(cfg)
-        self._net: NumpyR2D2Net | None = None
-        self._adder = None                      # SequenceAdder, built at the first postprocess
-        self._stepped = False                   # an act since the last episodes_ended
-
-    def set_weights(self, weights: Weights, version: int) -> None:
-        self._net = NumpyR2D2Net(weights, self.cfg.core)
-        self.version = version
+    def act(self, obs, explore: bool):
+        net = self.infer(obs)
+        q, before = net["q"], net["state"]
+        self._stepped = True
+        return epsilon_greedy(q, self.epsilon, self.rng if explore else None), {"q": q, "state": before}
 
     def initial_state(self, rows: int) -> np.ndarray:
         return np.zeros((rows, *self.state_shape), np.float32)
-
-    def forward(self, obs: np.ndarray, state: np.ndarray):
-        if self._net is None:
-            raise RuntimeError("R2D2Policy has no weights yet: call set_weights first")
-        q, after = self._net.step(np.asarray(obs, np.float32), state)
-        return {"q": q.astype(np.float32, copy=False)}, after
-
-    def act(self, obs: np.ndarray, explore: bool):
-        net = self.infer(obs)
-        q, before = net["q"], net["state"]
-        actions = q.argmax(axis=1)
-        if explore:
-            random = self.rng.random(len(obs)) < self.epsilon
-            actions = np.where(random, self.rng.integers(0, self.num_actions, len(obs)), actions)
-        self._stepped = True
-        return actions, {"q": q, "state": before}
 
     def episodes_ended(self, done: np.ndarray) -> None:
         done = np.asarray(done, bool)
@@ -220,6 +139,11 @@ class R2D2Policy(SequencePolicy):
         return SequenceAdder(num_envs, self.sequence_length, self.seq.period, self.seq.burn_in,
                              self.seq.chunk_length, self.seed)
 
+
+class R2D2Policy(SequencePolicy):
+    """Epsilon-greedy recurrent acting; the learner checks that the sequences it receives have the
+    length it expects."""
+
     def postprocess(self, traj: Trajectory) -> tuple[Batch, np.ndarray]:
         """The adder's message for the items that completed, and their initial priorities (N,)."""
         if self._adder is None:
@@ -227,9 +151,9 @@ class R2D2Policy(SequencePolicy):
         q = traj.extras["q"]
         aux = {"q_taken": np.take_along_axis(q, traj.actions[..., None].astype(np.int64), axis=-1)[..., 0],
                "v": q.max(axis=-1), "v_final": self._final_values(traj)}
-        steps = {"obs": traj.obs.astype(np.float32, copy=False), "actions": traj.actions,
+        steps = {"obs": stored_obs(traj.obs), "actions": traj.actions,
                  "rewards": traj.rewards.astype(np.float32, copy=False)}
-        out = self._adder.add(steps, {"obs": traj.next_obs.astype(np.float32, copy=False)},
+        out = self._adder.add(steps, {"obs": stored_obs(traj.next_obs)},
                               traj.terminated, traj.truncated, traj.extras["state"], self.version, aux)
         if out is None:
             return self._empty_message(traj), np.zeros(0, np.float32)
@@ -273,7 +197,8 @@ class R2D2Policy(SequencePolicy):
         A store can then treat it like any other message (nothing to add) without special keys.
         """
         c = self.seq.chunk_length
-        per_step = {"obs": (traj.obs.shape[2:], np.float32), "actions": (traj.actions.shape[2:], traj.actions.dtype),
+        per_step = {"obs": (traj.obs.shape[2:], stored_obs(traj.obs[:0]).dtype),
+                    "actions": (traj.actions.shape[2:], traj.actions.dtype),
                     "rewards": ((), np.float32), "discount": ((), np.float32), "mask": ((), np.float32)}
         msg = {f"chunk/{k}": np.zeros((0, c, *shape), dtype) for k, (shape, dtype) in per_step.items()}
         msg.update({"chunk/key": np.zeros(0, np.int64), "chunk/length": np.zeros(0, np.int32),

@@ -4,33 +4,63 @@ Twin Q critics with Polyak-averaged targets, a tanh-squashed Gaussian actor and
 an automatically tuned entropy temperature (log-alpha parameterisation). The
 policy works in [-1, 1]^d; actions are rescaled to the env's Box bounds only at
 the env boundary, and mapped back before they are stored, so the learner only
-ever sees normalised actions. The acting half (`SACPolicy`) is in
-`distrl.algos.sac_acting`, free of torch.
+ever sees normalised actions. Workers sample from the actor's outputs with their
+own RNG; the evaluator takes the mean action. SAC takes vector observations only.
 """
 from __future__ import annotations
 
 import copy
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
+from gymnasium import spaces
 from torch import nn
 from torch.nn import functional as F
 
-from distrl.algos.common import ReplayAlgorithm, adam, as_tensors, guarded_step, mlp, skipped, to_numpy_weights
-from distrl.algos.sac_acting import spec_dims
-from distrl.algos.sac_numpy import NumpySACUpdate
-from distrl.algos.squashed_gaussian import log_std_from_tanh, tanh_log_prob
-from distrl.core import Batch, EnvSpec, Learner, Weights
+from distrl.algos.common import (HALF_LOG_2PI, BoxScaler, NetworkAlgorithm, NetworkPolicy, adam, as_tensors,
+                                 guarded_step, nstep_items, skipped)
+from distrl.config.fields import f
+from distrl.config.sections import ModelConfig
+from distrl.core import Batch, Learner, Trajectory, Weights
+from distrl.models import StackedLinear, make_ensemble, make_torso, to_numpy_weights
+
+
+@dataclass
+class SACConfig:
+    gamma: float = f(0.99, "discount factor", lo=0.0, hi=1.0)
+    n_step: int = f(1, "steps in the n-step critic target", lo=1)
+    tau: float = f(0.005, "Polyak factor for the target critics", lo=0.0, hi=1.0, lo_open=True)
+    actor_lr: float = f(3e-4, "actor Adam learning rate", lo=0.0, lo_open=True)
+    critic_lr: float = f(3e-4, "critic Adam learning rate", lo=0.0, lo_open=True)
+    alpha_lr: float = f(3e-4, "temperature Adam learning rate", lo=0.0, lo_open=True)
+    init_alpha: float = f(1.0, "initial entropy temperature", lo=0.0, lo_open=True)
+    autotune_alpha: bool = f(True, "learn the temperature towards target_entropy")
+    target_entropy: float | None = f(None, "entropy target (null = -dim(action space))")
+    random_steps: int = f(5000, "worker env steps with uniform random actions before the policy acts", lo=0)
 
 
 # --- the math, as small pure functions (unit-tested by hand) -------------------
+LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
+
+
+def log_std_from_tanh(tanh_raw: torch.Tensor) -> torch.Tensor:
+    """tanh(raw) rescaled into [LOG_STD_MIN, LOG_STD_MAX]: unlike a clamp, it keeps a gradient at the bounds."""
+    return LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (tanh_raw + 1.0)
+
+
 def squashed_sample(mean: torch.Tensor, log_std: torch.Tensor, noise: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reparameterised a = tanh(mean + std * noise) and log pi(a|s), summed over action dims."""
+    """Reparameterised a = tanh(u), u = mean + std * noise, and log pi(a|s), summed over action dims.
+
+    log N(u; mean, std) - sum log(1 - tanh(u)^2), with the correction written as
+    2 * (log 2 - u - softplus(-2u)): exact, and finite for any u.
+    """
     u = mean + log_std.exp() * noise
-    return torch.tanh(u), tanh_log_prob(u, noise, log_std, F.softplus)
+    gauss = -(0.5 * noise * noise + log_std) - HALF_LOG_2PI
+    return torch.tanh(u), (gauss - 2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u))).sum(-1)
 
 
 def critic_target(rewards: torch.Tensor, discounts: torch.Tensor, next_q_min: torch.Tensor,
@@ -52,10 +82,10 @@ def temperature_loss(log_alpha: torch.Tensor, log_pi: torch.Tensor, target_entro
 class Actor(nn.Module):
     """obs -> (mean, log_std) of the pre-tanh Gaussian; one linear layer for both heads."""
 
-    def __init__(self, obs_dim: int, act_dim: int, hidden: list[int]):
+    def __init__(self, torso: nn.Module, act_dim: int):
         super().__init__()
-        self.torso = mlp([obs_dim, *hidden])
-        self.head = nn.Linear(hidden[-1], 2 * act_dim)
+        self.torso = torso
+        self.head = nn.Linear(torso.out_features, 2 * act_dim)
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         mean, raw = self.head(self.torso(obs)).chunk(2, dim=-1)
@@ -63,79 +93,41 @@ class Actor(nn.Module):
 
 
 class TwinQ(nn.Module):
-    """Both critics in one stacked MLP: each layer is one batched matmul over (2, B, width).
+    """Both critics over (obs, action): two stacked copies of the torso (one batched matmul per layer for
+    an MLP) and a stacked linear head. (B, ...) -> (2, B) Q-values."""
 
-    Half the kernel launches of two separate MLPs, which is what a small update on a CPU
-    pays for. Init matches nn.Linear's default.
-    """
-
-    def __init__(self, in_dim: int, hidden: list[int]):
+    def __init__(self, torso: nn.Module):
         super().__init__()
-        sizes = [in_dim, *hidden, 1]
-        self.weights = nn.ParameterList()
-        self.biases = nn.ParameterList()
-        for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
-            bound = 1.0 / math.sqrt(fan_in)
-            self.weights.append(nn.Parameter(torch.empty(2, fan_in, fan_out).uniform_(-bound, bound)))
-            self.biases.append(nn.Parameter(torch.empty(2, 1, fan_out).uniform_(-bound, bound)))
+        self.torso = torso
+        self.head = StackedLinear(2, torso.out_features, 1)
 
     def forward(self, obs: torch.Tensor, actions: torch.Tensor, detach_params: bool = False) -> torch.Tensor:
-        """(2, B) Q-values; `detach_params` lets gradients reach only the inputs (actor loss)."""
-        x = torch.cat([obs, actions], dim=-1).expand(2, -1, -1)
-        last = len(self.weights) - 1
-        for i, (w, b) in enumerate(zip(self.weights, self.biases)):
-            if detach_params:
-                w, b = w.detach(), b.detach()
-            x = torch.baddbmm(b, x, w)
-            if i < last:
-                x = F.relu(x)
-        return x.squeeze(-1)
+        """`detach_params` lets gradients reach only the inputs (the actor loss)."""
+        x = torch.cat([obs.flatten(1).to(actions.dtype), actions], dim=-1)
+        return self.head(self.torso(x, detach_params), detach_params).squeeze(-1)
 
 
 # --- learner --------------------------------------------------------------------
 class SACLearner(Learner):
-    """`use_numpy` (default: on a CPU) runs the update by hand in numpy (`distrl.algos.sac_numpy`):
-    at these sizes autograd's per-op overhead dominates. The autograd update serves GPUs
-    and is the reference the numpy one is tested against."""
-
-    def __init__(self, spec: EnvSpec, cfg, device: str, use_numpy: bool | None = None):
-        self.cfg, self.device = cfg, device
-        obs_dim, act_dim = spec_dims(spec)
-        hidden = list(cfg.hidden)
-        self.actor = Actor(obs_dim, act_dim, hidden).to(device)
-        self.critic = TwinQ(obs_dim + act_dim, hidden).to(device)
-        self.critic_target = TwinQ(obs_dim + act_dim, hidden).to(device)
+    def __init__(self, algo: SAC, device: str):
+        cfg = self.cfg = algo.cfg
+        self.device = device
+        self.act_dim = int(np.prod(algo.spec.action_space.shape))
+        self.actor = algo.build_network().to(device)
+        self.critic, self.critic_target = algo.build_critic().to(device), algo.build_critic().to(device)
         self.critic_target.load_state_dict(self.critic.state_dict())
         self.critic_target.requires_grad_(False)
         self.log_alpha = torch.tensor(math.log(cfg.init_alpha), device=device, requires_grad=True)
-        self.target_entropy = float(-act_dim if cfg.target_entropy is None else cfg.target_entropy)
+        self.target_entropy = float(-self.act_dim if cfg.target_entropy is None else cfg.target_entropy)
         # One optimizer with a param group each: one step() call instead of three.
         self.opt = adam([{"params": list(self.critic.parameters()), "lr": cfg.critic_lr},
                          {"params": list(self.actor.parameters()), "lr": cfg.actor_lr},
                          {"params": [self.log_alpha], "lr": cfg.alpha_lr}], cfg.critic_lr, device)
         self._params = list(self.critic.parameters())
         self._target_params = list(self.critic_target.parameters())
-        self.act_dim = act_dim
         self.updates = 0
-        if use_numpy is None:
-            use_numpy = torch.device(device).type == "cpu"
-        self.numpy_update = NumpySACUpdate(self) if use_numpy else None
 
     def update(self, batch: Batch) -> dict[str, Any]:
-        if self.numpy_update is None:
-            return self._torch_update(batch)
-        n = len(batch["obs"])
-        noise = torch.randn(2 * n, self.act_dim).numpy()  # torch's generator: seeded and checkpointed
-        b = {k: np.asarray(batch[k], np.float32) for k in ("obs", "next_obs", "actions", "rewards", "discounts")}
-        if batch.get("weights") is not None:
-            b["weights"] = np.asarray(batch["weights"], np.float32)
-        stats = self.numpy_update.step(b, noise, self.target_entropy, self.cfg.autotune_alpha, self.cfg.tau)
-        if stats is None:
-            return {"nonfinite": 1, "loss": math.nan}
-        self.updates += 1
-        return {"loss": stats["loss_critic"], **stats}
-
-    def _torch_update(self, batch: Batch) -> dict[str, Any]:
         """One gradient step on critics, actor and temperature from one backward pass.
 
         All three losses are taken at the same parameters, as in the paper's
@@ -182,8 +174,6 @@ class SACLearner(Learner):
         return to_numpy_weights(self.actor)
 
     def state_dict(self) -> dict[str, Any]:
-        if self.numpy_update is not None:  # torch's optimizer format: either path resumes the other's checkpoints
-            self.numpy_update.adam.save_to_torch()
         # A deep copy: a snapshot later updates can't mutate (torch returns live tensors).
         return copy.deepcopy({
             "actor": self.actor.state_dict(), "critic": self.critic.state_dict(),
@@ -197,15 +187,65 @@ class SACLearner(Learner):
         with torch.no_grad():
             self.log_alpha.copy_(torch.as_tensor(state["log_alpha"]))
         self.opt.load_state_dict(state["opt"])
-        if self.numpy_update is not None:
-            self.numpy_update.adam.load_from_torch()
         self.updates = int(state["updates"])
 
 
-class SAC(ReplayAlgorithm):
+# --- policy ---------------------------------------------------------------------
+class SACPolicy(NetworkPolicy):
+    """Uniform random actions for its share of `random_steps`, then samples of the squashed Gaussian;
+    the evaluator (index -1) takes tanh(mean)."""
+
+    def __init__(self, algo: SAC, worker_index: int, num_workers: int, seed: int):
+        super().__init__(algo, worker_index, num_workers, seed)
+        self.scaler = BoxScaler(algo.spec.action_space)
+        self.act_dim = int(np.prod(algo.spec.action_space.shape))
+        self.random_steps = self.cfg.random_steps / max(1, num_workers) if worker_index >= 0 else 0
+        self.env_steps = 0
+
+    def forward(self, obs: np.ndarray, state: None):
+        mean, log_std = self.run("forward", obs)
+        return {"mean": mean, "log_std": log_std}, None
+
+    def observe_steps(self, env_steps: int) -> None:
+        self.env_steps = env_steps
+
+    def act(self, obs: np.ndarray, explore: bool):
+        n = len(obs)
+        if explore and self.env_steps < self.random_steps:
+            a = self.rng.uniform(-1.0, 1.0, (n, self.act_dim))
+        else:
+            net = self.infer(obs)
+            mean, log_std = net["mean"], net["log_std"]
+            u = mean + np.exp(log_std) * self.rng.standard_normal(mean.shape) if explore else mean
+            a = np.tanh(u)
+        return self.scaler.to_env(a), {}
+
+    def postprocess(self, traj: Trajectory) -> tuple[Batch, None]:
+        items = nstep_items(traj, self.cfg.gamma, self.cfg.n_step)
+        items["actions"] = self.scaler.to_unit(items["actions"])
+        return items, None
+
+
+class SAC(NetworkAlgorithm):
     name = "sac"
-    learner_cls = SACLearner
-    discrete, box = False, True
+    config = SACConfig
+    model_config = ModelConfig
+    model_defaults = {"hidden": [256, 256]}
+    actions = ("box",)
+    vector_only = True
+    learner_cls, policy_cls = SACLearner, SACPolicy
 
+    def build_network(self) -> Actor:
+        torso = make_torso(self.spec.observation_space, self.model)
+        return Actor(torso, int(np.prod(self.spec.action_space.shape)))
 
-ALGORITHM = SAC
+    def critic_space(self) -> spaces.Box:
+        """What the critics' torsos see: the flat observation and the normalised action, side by side."""
+        dims = int(np.prod(self.spec.observation_space.shape)) + int(np.prod(self.spec.action_space.shape))
+        return spaces.Box(-np.inf, np.inf, (dims,), np.float32)
+
+    def build_critic(self) -> TwinQ:
+        return TwinQ(make_ensemble(self.critic_space(), self.model, copies=2))
+
+    def torso_spaces(self) -> list:
+        return [self.spec.observation_space, self.critic_space()]

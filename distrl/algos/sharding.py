@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from distrl.algos.common import load_numpy_weights, to_numpy_weights
+from distrl.models import load_numpy_weights, to_numpy_weights
 from distrl.core import Weights
 
 Samples = dict[str, np.ndarray]

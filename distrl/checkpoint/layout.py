@@ -7,7 +7,8 @@ import os
 import re
 from typing import Any
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""2: networks built by the torso factory (parameter names changed) and configs per algorithm."""
 DONE = "DONE"
 META, STATE, LEARNER = "meta.json", "state.json", "learner.pt"
 CKPT_RE = re.compile(r"^ckpt-(\d{8,})$")

@@ -94,9 +94,9 @@ def _check_version(path: str, meta: Any) -> None:
         raise _fail(path, f"has format_version {v} (distrl {meta.get('distrl_version')}), newer than "
                           f"the {FORMAT_VERSION} this distrl reads: upgrade distrl")
     if v < FORMAT_VERSION:
-        # No older formats exist yet; a migration would go here.
-        raise _fail(path, f"has format_version {v}, older than the supported "
-                          f"{FORMAT_VERSION}, and no migration exists")
+        # Format 1 named its networks' parameters differently and held every algorithm's config section.
+        raise _fail(path, f"has format_version {v}, older than the {FORMAT_VERSION} this distrl reads, and no "
+                          f"migration exists: resume it with the distrl that wrote it ({meta.get('distrl_version')})")
 
 
 def read_checkpoint(path: str) -> dict[str, Any]:

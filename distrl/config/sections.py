@@ -133,3 +133,37 @@ class PlacementConfig:
                               "resources, then the next) | spread (Ray's SPREAD: round-robin over the nodes) | "
                               "pack (one placement group bundle each, on as few nodes as hold them)",
                               choices=("default", "spread", "pack"))
+
+
+TORSOS = ("auto", "mlp", "minatar", "nature", "impala", "conv3x3")
+ACTIVATIONS = ("relu", "tanh", "elu", "gelu", "silu")
+
+
+@dataclass
+class ModelConfig:
+    """The network's torso, from the torso factory (`distrl.models`); the heads are the algorithm's.
+
+    Each algorithm sets its own defaults (an actor-critic's MLP uses tanh, SAC's is 256 wide).
+    """
+
+    torso: str = f("auto", "auto (an MLP for vectors, a CNN for images) | mlp | minatar (Young & Tian's CNN, "
+                   "10x10 inputs) | nature (the DQN Nature CNN, 84x84) | impala (IMPALA's ResNet) | conv3x3 "
+                   "(padded 3x3 convs, for small fields of view) | module:Factory (your own: "
+                   "Factory(observation_space, model_cfg) returns an nn.Module with an int out_features)")
+    hidden: list = f([64, 64], "layer sizes of the MLP torso ([] = the flattened observation)", item_lo=1, min_items=0)
+    activation: str = f("relu", "activation of the MLP torso: relu | tanh | elu | gelu | silu", choices=ACTIVATIONS)
+    conv_channels: list = f([32, 32], "the conv3x3 torso's channels, one padded 3x3 conv + ReLU each "
+                            "([] = the flattened image)", item_lo=1, min_items=0)
+    features: int | None = f(None, "width of an image torso's last linear layer (null = the architecture's "
+                             "own: minatar 128, nature 512, impala 256)", lo=1)
+    channels: str = f("auto", "where an image observation keeps its channels: auto | first (C, H, W) | last "
+                      "(H, W, C)", choices=("auto", "first", "last"))
+    kwargs: dict = f({}, "settings for your own torso factory (model.torso: module:Factory reads them)")
+
+
+@dataclass
+class RecurrentModelConfig(ModelConfig):
+    """A torso followed by a recurrent core (R2D2, DHC)."""
+
+    core: str = f("lstm", "recurrent core: lstm | gru", choices=("lstm", "gru"))
+    core_size: int = f(64, "recurrent state size", lo=1)

@@ -1,19 +1,20 @@
-"""The experience store a run uses, and what the learner takes from it.
+"""The experience store of a data path, and what the learner takes from it.
 
 Off-policy algorithms sample blocks of batches from a replay buffer;
 on-policy ones take fragments from a FIFO, each used for exactly one update.
-`next_block` hides the difference from the learner loop.
+`next_block` hides the difference from the learner loop. How much a gather brings
+and how much an update takes depend on the run mode: the runtime decides
+(`distrl.runtime.pacing`) and hands the result down.
 """
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 
 import numpy as np
 
-from distrl.registry import data_path
 from distrl.replay.buffer import GENERATION_KEY, ReplayBuffer
 from distrl.replay.fifo import FragmentQueue
-from distrl.replay.rate_limiter import RateLimiter
 from distrl.replay.sequence_replay import SequenceReplay
 
 Store = ReplayBuffer | SequenceReplay | FragmentQueue
@@ -22,62 +23,36 @@ Block = tuple[dict[str, np.ndarray], np.ndarray | None, np.ndarray | None]
 """(batches with a leading K axis, replay indices or None, importance weights or None)."""
 
 
-def sequence_length(cfg) -> int:
-    """Steps of a stored sequence: burn-in, trained steps, then n-step bootstrap steps."""
-    seq = cfg.sequence
-    return seq.burn_in + seq.length + getattr(cfg, cfg.algo).n_step
+def make_store(data_path: str, replay=None, queue_capacity: int = 0, sequence_length: int = 0,
+               seed: int = 0) -> Store:
+    """The store of a data path: `replay` (a ReplayConfig) for "replay" and "sequence" (items of
+    `sequence_length` steps), a FIFO of `queue_capacity` fragments otherwise."""
+    r = replay
+    if data_path == "replay":
+        return ReplayBuffer(r.capacity, r.prioritized, r.alpha, r.beta0, r.beta_steps, seed=seed)
+    if data_path == "sequence":
+        return SequenceReplay(r.capacity, sequence_length, r.prioritized, r.alpha, r.beta0, r.beta_steps, seed=seed)
+    return FragmentQueue(queue_capacity)
 
 
-def make_store(cfg) -> Store:
-    r, path = cfg.replay, data_path(cfg.algo)
-    if path == "replay":
-        return ReplayBuffer(r.capacity, r.prioritized, r.alpha, r.beta0, r.beta_steps, seed=cfg.seed)
-    if path == "sequence":
-        return SequenceReplay(r.capacity, sequence_length(cfg), r.prioritized, r.alpha, r.beta0, r.beta_steps,
-                              seed=cfg.seed)
-    return FragmentQueue(cfg.queue.capacity)
+@dataclass
+class Take:
+    """What the learner takes per request: `batches_per_call` batches of `batch_size` items from a replay,
+    or `fragments` fragments (one update's batch) from a FIFO."""
+
+    batch_size: int = 256
+    batches_per_call: int = 8
+    fragments: int = 1
 
 
-def items_per_gather(cfg) -> int:
-    """Items one gather is expected to insert: every worker's fragment in sync mode, about one otherwise."""
-    frag = cfg.rollout.fragment_length * cfg.env.num_envs
-    if data_path(cfg.algo) == "sequence":
-        frag = -(-frag // cfg.sequence.period)
-    return frag * (cfg.workers if cfg.mode == "sync" else 1)
-
-
-def error_buffer(cfg) -> float:
-    """The rate limiter's buffer: the config's, or one gather of inserts plus one learner block."""
-    if cfg.replay.error_buffer is not None:
-        return cfg.replay.error_buffer
-    lc = cfg.learner
-    return cfg.replay.samples_per_insert * items_per_gather(cfg) + lc.batch_size * lc.batches_per_call
-
-
-def make_rate_limiter(cfg, inserts: int = 0, samples: int = 0, exact: bool = False) -> RateLimiter:
-    """The run's limiter at these counts; `exact` drops the buffer (for ending a run on the ratio)."""
-    r = cfg.replay
-    return RateLimiter(r.samples_per_insert, r.min_size, 0.0 if exact else error_buffer(cfg), inserts, samples)
-
-
-def fragments_per_update(cfg) -> int:
-    """On-policy batch size in fragments: one per worker unless the config says otherwise."""
-    if data_path(cfg.algo) == "gradients":
-        return 1  # each gradient message is applied on its own
-    if cfg.learner.fragments_per_update:
-        return cfg.learner.fragments_per_update
-    return 1 if cfg.mode == "single" else cfg.workers
-
-
-def next_block(store: Store, cfg, max_updates: int) -> Block | None:
+def next_block(store: Store, take: Take, max_updates: int) -> Block | None:
     """The next data to train on, or None if there is none yet."""
     if isinstance(store, FragmentQueue):
-        batch = store.take(fragments_per_update(cfg))
+        batch = store.take(take.fragments)
         return None if batch is None else ({k: v[None] for k, v in batch.items()}, None, None)
     if len(store) == 0:
         return None
-    lc = cfg.learner
-    return store.sample_many(min(lc.batches_per_call, max(max_updates, 1)), lc.batch_size)
+    return store.sample_many(min(take.batches_per_call, max(max_updates, 1)), take.batch_size)
 
 
 def block_priority_update(block: Block, priorities: np.ndarray | None):

@@ -9,8 +9,8 @@ import numpy as np
 
 from distrl.checkpoint import CheckpointError, load_weights, save_json, save_weights
 from distrl.core import Policy, Weights
-from distrl.registry import multi_agent
 from distrl.observe.trace import tracer
+from distrl.registry import algorithm
 from distrl.roles.factory import acting_policy, make_vector_env
 
 EVAL_SEED_OFFSET = 10_000
@@ -95,8 +95,9 @@ class Evaluation:
     "weights", for the driver to keep as the run's best checkpoint: the evaluator writes no file, so it
     may run on any node."""
 
-    def __init__(self, policy: Policy, cfg, start_time: float, evaluations: int = 0, best: tuple = LOWEST):
-        self.policy, self.cfg = policy, cfg
+    def __init__(self, policy: Policy, env, eval_cfg, seed: int, multi_agent: bool, start_time: float,
+                 evaluations: int = 0, best: tuple = LOWEST):
+        self.policy, self.env, self.eval_cfg, self.seed, self.multi_agent = policy, env, eval_cfg, seed, multi_agent
         self.start_time = start_time
         self.best = tuple(best)  # the run's best when this process started; the driver keeps the true one
         self.evaluations = evaluations  # evaluation i plays seeds derived from i
@@ -107,9 +108,9 @@ class Evaluation:
 
     def _evaluate(self, weights: Weights, version: int, env_steps: int) -> dict:
         self.policy.set_weights(weights, version)
-        seed = self.cfg.seed + EVAL_SEED_OFFSET + self.evaluations * self.cfg.eval.episodes
-        rets, infos = play_greedy(self.policy, self.cfg.env.id, self.cfg.eval.episodes, seed, self.cfg.env.kwargs,
-                                  multi_agent=multi_agent(self.cfg.algo))
+        seed = self.seed + EVAL_SEED_OFFSET + self.evaluations * self.eval_cfg.episodes
+        rets, infos = play_greedy(self.policy, self.env.id, self.eval_cfg.episodes, seed, self.env.kwargs,
+                                  multi_agent=self.multi_agent)
         self.evaluations += 1
         now = time.time()
         mean = float(np.mean(rets))
@@ -125,7 +126,7 @@ class Evaluation:
 
     def _solved(self, mean: float, metrics: dict) -> bool:
         """Every target that is set is reached (and at least one is set)."""
-        ev = self.cfg.eval
+        ev = self.eval_cfg
         targets = [(ev.target_return, mean), (ev.target_success, metrics.get("success_rate"))]
         set_ = [(t, v) for t, v in targets if t is not None]
         return bool(set_) and all(v is not None and v >= t for t, v in set_)
@@ -133,4 +134,5 @@ class Evaluation:
 
 def make_evaluation(cfg, start_time: float, resume: dict | None = None) -> Evaluation:
     """The evaluator's job with its greedy policy; `resume` carries on a run's evaluations and best rank."""
-    return Evaluation(acting_policy(cfg, -1, 1), cfg, start_time, **(resume or {}))
+    return Evaluation(acting_policy(cfg, -1, 1), cfg.env, cfg.eval, cfg.seed, algorithm(cfg.algo).multi_agent,
+                      start_time, **(resume or {}))

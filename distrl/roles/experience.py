@@ -5,15 +5,15 @@ import numpy as np
 
 from distrl.checkpoint import CheckpointError
 from distrl.observe.trace import tracer
-from distrl.replay.store import Block, digest, make_store, next_block
+from distrl.replay.store import Block, Store, Take, digest, next_block
 
 
 class ExperienceServer:
-    """Holds a run's experience store (prioritized/uniform replay, or the on-policy FIFO)."""
+    """Holds a run's experience store (prioritized/uniform replay, or the on-policy FIFO) and hands the
+    learner what `take` says per request."""
 
-    def __init__(self, cfg):
-        self.cfg = cfg
-        self.store = make_store(cfg)
+    def __init__(self, store: Store, take: Take):
+        self.store, self.take = store, take
 
     def __len__(self) -> int:
         return len(self.store)
@@ -25,7 +25,7 @@ class ExperienceServer:
 
     def next_block(self, max_updates: int) -> Block | None:
         with tracer().span("sample_batch", "replay"):
-            return next_block(self.store, self.cfg, max_updates)
+            return next_block(self.store, self.take, max_updates)
 
     def update_priorities(self, indices, priorities, generations) -> None:
         with tracer().span("update_priorities", "replay"):

@@ -1,21 +1,22 @@
-"""Building a role's pieces from a config: the algorithm, a policy, the learner's device."""
+"""Building a role's pieces from a config: the algorithm with the config parts it reads, a policy,
+the envs, the learner's device."""
 from __future__ import annotations
 
-from distrl.core import EnvSpec
+from distrl.core import Algorithm, EnvSpec
 from distrl.envs import VectorEnv, env_spec
-from distrl.registry import algorithm_class, make_policy, multi_agent
+from distrl.registry import algorithm
 from distrl.threads import one_compute_thread
 
 
-def spec_of(cfg) -> EnvSpec:
+def spec_of(env_cfg, multi_agent: bool) -> EnvSpec:
     """What the configured env gives one agent: the spaces a policy and a learner are built for."""
-    if not multi_agent(cfg.algo):
-        return env_spec(cfg.env.id, cfg.env.kwargs)
+    if not multi_agent:
+        return env_spec(env_cfg.id, env_cfg.kwargs)
     from distrl.envs.multiagent import make_multiagent_env
 
-    env = make_multiagent_env(cfg.env.id, cfg.env.kwargs)
+    env = make_multiagent_env(env_cfg.id, env_cfg.kwargs)
     try:
-        return EnvSpec(env.observation_space, env.action_space)
+        return EnvSpec(env.observation_space, env.action_space, env.num_agents)
     finally:
         env.close()
 
@@ -33,20 +34,26 @@ def make_rollout(cfg, policy, seed: int, worker_index: int):
     """A worker's rollout job: its policy stepping `env.num_envs` envs."""
     from distrl.roles.rollout import Rollout
 
-    envs = make_vector_env(cfg.env.id, cfg.env.num_envs, seed, cfg.env.kwargs, multi_agent(cfg.algo))
+    envs = make_vector_env(cfg.env.id, cfg.env.num_envs, seed, cfg.env.kwargs, algorithm(cfg.algo).multi_agent)
     return Rollout(policy, envs, cfg.rollout.fragment_length, worker_index)
 
 
-def build_algorithm(cfg):
-    """The configured `Algorithm` (imports its learner module, and so torch)."""
-    return algorithm_class(cfg.algo)(cfg, spec_of(cfg))
+def make_algorithm(cfg, spec: EnvSpec | None = None) -> Algorithm:
+    """The configured algorithm, holding the parts of the config it reads (`spec`: the env's, if known)."""
+    cls = algorithm(cfg.algo)
+    spec = spec or spec_of(cfg.env, cls.multi_agent)
+    return cls(spec, cfg.algo_config, cfg.model, cfg.seed, getattr(cfg, "sequence", None))
+
+
+def policy_seed(cfg, worker_index: int) -> int:
+    """Exploration seed of worker `worker_index` (-1: the evaluator or an inference server)."""
+    return cfg.seed + 1000 + worker_index
 
 
 def acting_policy(cfg, worker_index: int, num_workers: int):
-    """The policy alone, without the learner's module: for most algorithms the process never loads torch."""
-    policy = make_policy(cfg, spec_of(cfg), worker_index, num_workers)
-    one_compute_thread()  # and torch's, if the policy loaded it (A3C computes gradients with it)
-    return policy
+    """The policy of worker `worker_index` of `num_workers`, on one compute thread."""
+    one_compute_thread(load_torch=True)
+    return make_algorithm(cfg).make_policy(worker_index, num_workers, policy_seed(cfg, worker_index))
 
 
 def trace_settings(cfg) -> tuple[bool, int]:

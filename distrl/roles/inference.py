@@ -13,7 +13,8 @@ import asyncio
 
 import numpy as np
 
-from distrl.core import EnvStates, Policy, batched_forward
+from distrl.acting import EnvStates, batched_forward, rows_of
+from distrl.core import Policy
 from distrl.observe.trace import tracer
 
 
@@ -50,7 +51,7 @@ class InferenceBatcher:
         if not batch:
             return
         try:
-            with tracer().span("infer_batch", "inference", requests=len(batch), rows=sum(len(o) for _, o, _, _ in batch)):
+            with tracer().span("infer_batch", "inference", requests=len(batch), rows=sum(rows_of(o) for _, o, _, _ in batch)):
                 outputs = batched_forward(self.policy, [(self._states(w, reset), obs) for w, obs, reset, _ in batch])
         except Exception as e:  # every waiting worker hears it, not only the one whose request ran it
             for *_, future in batch:

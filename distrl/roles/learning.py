@@ -14,7 +14,6 @@ import numpy as np
 
 from distrl.core import Learner, TrainStats, Weights
 from distrl.observe.trace import tracer
-from distrl.registry import on_policy
 from distrl.replay.store import Block, block_priority_update
 
 
@@ -81,17 +80,14 @@ class LearnerIO(abc.ABC):
 
 
 class LearnerLoop:
-    """Runs blocks of updates, publishes on schedule, and saves and restores the learner with its RNG.
-
-    On-policy data must come from the newest policy, so those algorithms publish
-    after every update; replay algorithms every `learner.publish_interval` updates.
-    Every call ends with the newest weights published.
+    """Runs blocks of updates, publishes every `publish_interval` updates, and saves and restores the
+    learner with its RNG. Every call ends with the newest weights published. `prefetch`: ask for the
+    next block while this one trains (replay; on-policy data must come from the newest weights).
     """
 
-    def __init__(self, learner: Learner, cfg, io: LearnerIO):
-        self.learner, self.cfg, self.io = learner, cfg, io
-        self.on_policy = on_policy(cfg.algo)
-        self.publish_interval = 1 if self.on_policy else cfg.learner.publish_interval
+    def __init__(self, learner: Learner, io: LearnerIO, publish_interval: int, prefetch: bool):
+        self.learner, self.io = learner, io
+        self.publish_interval, self.prefetch = publish_interval, prefetch
         self.version = -1
         self.poisoned = False
 
@@ -122,7 +118,7 @@ class LearnerLoop:
                 stats.starved = True  # the driver then lets workers sample even if updates lag
                 break
             left = num_updates - stats.consumed - next(iter(block[0].values())).shape[0]
-            if left > 0 and not self.on_policy:
+            if left > 0 and self.prefetch:
                 prefetch = self.io.request(left)  # the next block travels while this one trains
             with tracer().span("update_block", "learning", updates=next(iter(block[0].values())).shape[0]):
                 update = block_priority_update(block, learn_block(self.learner, block, stats))

@@ -18,10 +18,12 @@ import ray
 from ray.exceptions import RayTaskError
 
 from distrl.config import from_dict
-from distrl.core import Inference, TrainStats, Weights
+from distrl.acting import Inference, rows_of
+from distrl.core import TrainStats, Weights
 from distrl.observe.trace import configure, tracer
 from distrl.roles.factory import trace_settings
 from distrl.roles.learning import LearnerIO
+from distrl.runtime.pacing import learner_loop
 from distrl.runtime.ray_setup import ACTOR_GONE, HeapTrimmer
 
 
@@ -83,11 +85,11 @@ class ReplayServer(Traced):
     """Hosts the run's `ExperienceServer`: replay, or the on-policy trajectory FIFO."""
 
     def __init__(self, cfg_dict: dict):
-        from distrl.roles.experience import ExperienceServer
+        from distrl.runtime.pacing import make_experience
 
         cfg = from_dict(cfg_dict)
         start_tracing(trace_settings(cfg), "replay")
-        self.experience = ExperienceServer(cfg)
+        self.experience = make_experience(cfg)
         self.trimmer = HeapTrimmer()
         with warnings.catch_warnings():  # Ray's own property trips its deprecated actor_id
             warnings.simplefilter("ignore")
@@ -225,7 +227,7 @@ class RemoteInference(Inference):
         self.fresh = True   # a new process: every env starts one
 
     def step(self, obs):
-        reset = np.ones(len(obs), bool) if self.fresh else self.resets
+        reset = np.ones(rows_of(obs), bool) if self.fresh else self.resets
         self.fresh, self.resets = False, None
         out, self.policy.version = ray.get(self.server.step.remote(self.worker, obs, reset))
         return out
@@ -281,18 +283,17 @@ class Learner(Traced):
     """Hosts the `LearnerLoop`: the only optimizer.step(), prefetching its next block while it trains."""
 
     def __init__(self, cfg_dict: dict, ps, replay, device: str, gradient_workers: list | None = None):
-        from distrl.roles.factory import build_algorithm
-        from distrl.roles.learning import LearnerLoop
+        from distrl.roles.factory import make_algorithm
         from distrl.threads import one_compute_thread
 
         one_compute_thread(load_torch=True)
         cfg = from_dict(cfg_dict)
         start_tracing(trace_settings(cfg), "learner")
-        learner = build_algorithm(cfg).make_learner(device)
+        learner = make_algorithm(cfg).make_learner(device)
         if gradient_workers:
             learner.use_gradient_workers(ray_gradient_fn(gradient_workers, cfg.fault.role_timeout_s),
                                          len(gradient_workers))
-        self.loop = LearnerLoop(learner, cfg, RayIO(ps, replay))
+        self.loop = learner_loop(learner, cfg, RayIO(ps, replay))
         self.trimmer = HeapTrimmer()
 
 
@@ -350,13 +351,13 @@ class GradientWorker(Traced):
     its arguments, so Ray may retry it on a restarted worker."""
 
     def __init__(self, cfg_dict: dict, index: int):
-        from distrl.roles.factory import build_algorithm
+        from distrl.roles.factory import make_algorithm
         from distrl.threads import one_compute_thread
 
         one_compute_thread(load_torch=True)
         cfg = from_dict(cfg_dict)
         start_tracing(trace_settings(cfg), "gradient_worker", index)
-        self.replica = build_algorithm(cfg).make_learner("cpu")
+        self.replica = make_algorithm(cfg).make_learner("cpu")
 
 
     def node(self) -> str:

@@ -16,7 +16,7 @@ from distrl.observe import MetricsLogger
 from distrl.observe.trace import tracer
 from distrl.observe.trace_segments import write_run_trace
 from distrl.registry import on_policy
-from distrl.replay.store import fragments_per_update, make_rate_limiter
+from distrl.runtime.pacing import fragments_per_update, make_rate_limiter
 from distrl.roles.evaluation import rank, save_best, saved_rank
 from distrl.runtime.counters import Counters
 from distrl.runtime.snapshot import save_checkpoint

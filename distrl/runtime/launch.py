@@ -114,9 +114,10 @@ def _write_config(cfg: Config, run_dir: str) -> None:
 
 
 # What a resume may change: how long and how the run goes on, not what the checkpoint's state is.
-RESUMABLE = ("stop.", "log.", "eval.", "checkpoint.", "fault.", "async.", "workers", "mode", "device",
-             "learner.batches_per_call", "learner.publish_interval", "replay.samples_per_insert",
-             "replay.error_buffer", "replay.beta_steps", "placement.", "learner.num_gradient_workers")
+RESUMABLE_SECTIONS = ("stop.", "log.", "eval.", "checkpoint.", "fault.", "async.", "placement.")
+RESUMABLE_KEYS = {"workers", "mode", "device", "learner.batches_per_call", "learner.publish_interval",
+                  "replay.samples_per_insert", "replay.error_buffer", "replay.beta_steps",
+                  "learner.num_gradient_workers"}
 
 
 def resume_config(ckpt_config: dict, overrides: list[str]) -> Config:
@@ -124,7 +125,7 @@ def resume_config(ckpt_config: dict, overrides: list[str]) -> Config:
     before = flatten(ckpt_config)
     after = flatten(to_dict(from_dict(apply_overrides(json.loads(json.dumps(ckpt_config)), overrides))))
     for key in sorted(set(before) | set(after)):
-        if before.get(key) != after.get(key) and not key.startswith(RESUMABLE):
+        if before.get(key) != after.get(key) and not (key in RESUMABLE_KEYS or key.startswith(RESUMABLE_SECTIONS)):
             raise ConfigError(f"config key '{key}' cannot change on resume: the checkpoint holds state built "
                               f"with {before.get(key)!r}, the override asks for {after.get(key)!r}")
     return from_dict(apply_overrides(json.loads(json.dumps(ckpt_config)), overrides))

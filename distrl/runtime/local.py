@@ -13,12 +13,11 @@ import queue
 
 from distrl.config import Config, from_dict, to_dict
 from distrl.core import Gathered, Roles, RunState, TrainStats
-from distrl.roles.evaluation import make_evaluation
-from distrl.roles.experience import ExperienceServer
 from distrl.observe.trace import configure, tracer
-from distrl.roles.factory import build_algorithm, make_rollout, resolve_device, trace_settings
-from distrl.roles.learning import LearnerLoop, LocalIO
-from distrl.registry import make_policy
+from distrl.roles.evaluation import make_evaluation
+from distrl.roles.factory import make_algorithm, make_rollout, policy_seed, resolve_device, trace_settings
+from distrl.roles.learning import LocalIO
+from distrl.runtime.pacing import learner_loop, make_experience
 from distrl.threads import one_compute_thread
 
 
@@ -107,11 +106,11 @@ class LocalRoles(Roles):
         configure("main", None, *trace_settings(cfg))
         self.cfg = cfg
         self.evaluator = LocalEvaluator(cfg, start_time, eval_resume)  # first: overlaps its start-up
-        algo = build_algorithm(cfg)
+        algo = make_algorithm(cfg)
         learner = algo.make_learner(resolve_device(cfg.device))
-        self.policy = make_policy(cfg, algo.spec, 0, 1)
-        self.experience = ExperienceServer(cfg)
-        self.loop = LearnerLoop(learner, cfg, LocalIO(self.experience, self.policy))
+        self.policy = algo.make_policy(0, 1, policy_seed(cfg, 0))
+        self.experience = make_experience(cfg)
+        self.loop = learner_loop(learner, cfg, LocalIO(self.experience, self.policy))
         self.loop.publish()
         self.rollout = make_rollout(cfg, self.policy, cfg.seed, 0)
         self.timings = {"env_s": 0.0, "inference_s": 0.0, "learner_s": 0.0}

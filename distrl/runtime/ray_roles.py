@@ -22,7 +22,7 @@ from distrl.runtime.actors import (Evaluator, GradientWorker, Learner, Parameter
                                    start_tracing)
 from distrl.runtime.inference import InferenceServer
 from distrl.runtime.ray_setup import (ACTOR_GONE, actor_options, heap_runtime_env, in_bundle, init_ray, next_to,
-                                     pack_group, role_count, role_resources, spread_group)
+                                     pack_group, role_count, role_resources, spread_group, user_modules)
 from distrl.runtime.watch import RoleWatch
 from distrl.runtime.workers import WorkerPool
 
@@ -37,7 +37,7 @@ class RayRoles(Roles):
 
     def __init__(self, cfg: Config, run_dir: str, start_time: float, address: str | None = None,
                  eval_resume: dict | None = None):
-        init_ray(address)
+        init_ray(address, user_modules(cfg))
         start_tracing(trace_settings(cfg), "driver")  # labelled with its Ray node, as the actors are
         self.cfg, self.run_dir = cfg, run_dir
         self.group, self.pool, self.gradient_workers, self.inference = None, None, [], []

@@ -16,18 +16,22 @@ from distrl.core import RoleLost
 ACTOR_GONE = (RayActorError, ActorUnavailableError)  # dead, or being restarted by Ray
 
 
-def init_ray(address: str | None) -> None:
-    """Join `address`, or start Ray embedded: loopback only, no dashboard."""
+def init_ray(address: str | None, user_modules: list | None = None) -> None:
+    """Join `address`, or start Ray embedded: loopback only, no dashboard. On a cluster, `user_modules`
+    (the user's own code a run imports, e.g. a `model.torso` factory) are shipped to every node with the
+    job's runtime_env, so they need not be installed there; embedded, workers import them as the driver
+    does (Ray puts the driver's directory on their path)."""
     if address:
         _check_reachable(address)
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     if address:
+        shipped = {"runtime_env": {"py_modules": list(user_modules)}} if user_modules else {}
         try:
             # Ray's own INFO lines ("Connecting to existing Ray cluster ...") stay off, as embedded:
             # a refused config is one line on stderr. Its warnings still show.
-            ray.init(address=address, log_to_driver=True, configure_logging=False)
+            ray.init(address=address, log_to_driver=True, configure_logging=False, **shipped)
         except (ConnectionError, RuntimeError, ValueError, TimeoutError) as e:
             raise ConfigError(f"--address {address}: cannot join a Ray cluster there ({_first_line(e)})") from None
     else:
@@ -35,6 +39,14 @@ def init_ray(address: str | None) -> None:
         # Ray instance serves runs of any worker count.
         ray.init(address="local", num_cpus=os.cpu_count() or 1, include_dashboard=False,
                  _node_ip_address="127.0.0.1", log_to_driver=True, configure_logging=False)
+
+
+def user_modules(cfg) -> list:
+    """The user's own code this run's roles import (a `model.torso` factory outside installed packages)."""
+    from distrl.models.factory import user_code
+
+    module = user_code(cfg.model.torso)
+    return [module] if module is not None else []
 
 
 def _first_line(e: BaseException) -> str:
@@ -178,7 +190,7 @@ def check_placement(cfg, address: str | None) -> None:
     wanted = role_resources(cfg, bool(address), resolve_device(cfg.device))
     if not address and not any(v > 0 for res in wanted.values() for v in res.values()):
         return  # embedded and asking for nothing: no need to start Ray to know it fits
-    init_ray(address)
+    init_ray(address, user_modules(cfg))
     nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
     where = f"the cluster at {address}" if address else "the embedded Ray (no --address)"
     needed: dict[str, float] = {}

@@ -5,24 +5,29 @@ import numpy as np
 import pytest
 import torch
 
-from distrl.registry import make_policy as policy_for
 from distrl.algos.common import BoxScaler as BoxMap
-from distrl.algos.actor_critic import ActorCriticAlgorithm, Categorical, DiagGaussian, actor_critic_loss
+from distrl.algos.actor_critic import ActorCriticAlgorithm, ActorCriticNet, Categorical, DiagGaussian, actor_critic_loss
 from distrl.algos.actor_critic_acting import categorical_act, gaussian_act
 from distrl.algos.ppo import PPO
 from distrl.config import load_config
 from distrl.core import EnvSpec, Trajectory
 from distrl.envs import env_spec
+from distrl.roles.factory import make_algorithm
+from tests.algos.same_network import check_acts_with_the_learners_network
+
+
+def make_algo(env_id, **over):
+    overrides = ["algo=ppo", "model.hidden=[16, 16]"] + [f"ppo.{k}={v}" for k, v in over.items()]
+    return make_algorithm(load_config(None, overrides), env_spec(env_id))
 
 
 def make_policy(env_id, worker=0, **over):
-    overrides = ["algo=ppo", "ppo.hidden=[16, 16]"] + [f"ppo.{k}={v}" for k, v in over.items()]
-    algo = PPO(load_config(None, overrides), env_spec(env_id))
+    """A policy acting with a fresh learner's weights, and that learner's network (the reference)."""
+    algo = make_algo(env_id, **over)
     learner = algo.make_learner("cpu")
-    policy = policy_for(algo.cfg, algo.spec, worker, 1)
+    policy = algo.make_policy(worker, 1, 1000 + worker)
     policy.set_weights(learner.get_weights(), 0)
-    policy.net = learner.net  # the torch reference: policies act in numpy and hold no torch net
-    return policy
+    return policy, learner.net
 
 
 def test_categorical_log_prob_and_entropy_by_hand():
@@ -74,18 +79,23 @@ def test_categorical_samples_follow_the_probabilities():
 
 
 @pytest.mark.parametrize("env_id, shared", [("CartPole-v1", False), ("CartPole-v1", True), ("Pendulum-v1", False)])
-def test_numpy_acting_matches_the_torch_net(env_id, shared):
-    policy = make_policy(env_id, shared_torso=str(shared).lower())
+def test_the_policy_acts_with_the_learners_network(env_id, shared):
+    algo = make_algo(env_id, shared_torso=str(shared).lower())
+    learner = algo.make_learner("cpu")
     with torch.no_grad():
-        for p in policy.net.parameters():
+        for p in learner.net.parameters():
             p.add_(torch.randn_like(p) * 0.3)
-    policy.set_weights({k: v.numpy() for k, v in policy.net.state_dict().items()}, 1)
-    obs = np.random.default_rng(1).normal(size=(7, policy.net.pi_torso[0].in_features)).astype(np.float32)
+    policy = algo.make_policy(0, 1, 0)
+    obs = np.random.default_rng(1).normal(size=(7, *algo.spec.observation_space.shape)).astype(np.float32)
+    check_acts_with_the_learners_network(policy, learner.net, learner.get_weights(), "act_outputs", obs)
+    assert isinstance(policy.net, ActorCriticNet)
+    # What it stores: the log-prob of the action it took (sampled in numpy) and the value, under those weights.
     a, extras = policy.act(obs, explore=True)
     stored = torch.as_tensor(extras.get("raw_action", a))
-    logp, _, value = policy.net.evaluate(torch.as_tensor(obs), stored)
-    np.testing.assert_allclose(extras["logp"], logp.detach().numpy(), rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(extras["value"], value.detach().numpy(), rtol=1e-4, atol=1e-5)
+    with torch.no_grad():
+        logp, _, value = learner.net.evaluate(torch.as_tensor(obs), stored)
+    np.testing.assert_allclose(extras["logp"], logp.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(extras["value"], value.numpy())
 
 
 def test_box_map_scales_and_clips():
@@ -96,8 +106,8 @@ def test_box_map_scales_and_clips():
 
 
 def test_box_policy_greedy_is_deterministic_and_in_bounds():
-    policy = make_policy("Pendulum-v1")
-    weights = {k: v.numpy().copy() for k, v in policy.net.state_dict().items()}
+    policy, net = make_policy("Pendulum-v1")
+    weights = {k: v.numpy().copy() for k, v in net.state_dict().items()}
     weights["pi_head.bias"][:] = 3.0  # push the mean far outside the bounds
     policy.set_weights(weights, 1)
     obs = np.random.default_rng(0).normal(size=(6, 3)).astype(np.float32)
@@ -110,14 +120,14 @@ def test_box_policy_greedy_is_deterministic_and_in_bounds():
 
 
 def test_box_exploration_stores_the_unclipped_sample_and_its_logp():
-    policy = make_policy("Pendulum-v1")
+    policy, net = make_policy("Pendulum-v1")
     obs = np.random.default_rng(1).normal(size=(200, 3)).astype(np.float32)
     a, ex = policy.act(obs, explore=True)
     raw = ex["raw_action"]
     assert (np.abs(a) <= 2.0).all() and (np.abs(raw) > 1.0).any()  # std 1: some samples leave [-1, 1]
     np.testing.assert_allclose(a, np.clip(raw * 2.0, -2.0, 2.0), atol=1e-6)
     with torch.no_grad():
-        dist, _ = policy.net(torch.as_tensor(obs))
+        dist, _ = net(torch.as_tensor(obs))
         np.testing.assert_allclose(ex["logp"], dist.log_prob(torch.as_tensor(raw)).numpy(), rtol=1e-5)
     T, E = 1, 200
     traj = Trajectory(obs[None], a[None], np.zeros((T, E), np.float32), np.zeros((T, E), bool),
@@ -129,28 +139,28 @@ def test_box_exploration_stores_the_unclipped_sample_and_its_logp():
 
 
 def test_discrete_policy_greedy_is_argmax_and_sampling_is_seeded():
-    policy = make_policy("CartPole-v1")
+    policy, net = make_policy("CartPole-v1")
     obs = np.random.default_rng(2).normal(size=(8, 4)).astype(np.float32)
     a, ex = policy.act(obs, explore=False)
     with torch.no_grad():
-        dist, value = policy.net(torch.as_tensor(obs))
+        dist, value = net(torch.as_tensor(obs))
     np.testing.assert_array_equal(a, dist.logp_all.argmax(1).numpy())
-    np.testing.assert_allclose(ex["value"], value.numpy(), rtol=1e-5, atol=1e-6)  # numpy vs torch matmul rounding
-    s1, _ = make_policy("CartPole-v1").act(obs, explore=True)
-    s2, _ = make_policy("CartPole-v1").act(obs, explore=True)
+    np.testing.assert_array_equal(ex["value"], value.numpy())  # the same module and weights: the same floats
+    s1, _ = make_policy("CartPole-v1")[0].act(obs, explore=True)
+    s2, _ = make_policy("CartPole-v1")[0].act(obs, explore=True)
     np.testing.assert_array_equal(s1, s2)
     assert s1.dtype == np.int64 and set(s1) <= {0, 1}
 
 
 def test_shared_torso_has_one_torso():
-    shared = make_policy("CartPole-v1", shared_torso="true").net
-    separate = make_policy("CartPole-v1").net
+    shared = make_policy("CartPole-v1", shared_torso="true")[0].net
+    separate = make_policy("CartPole-v1")[0].net
     assert shared.v_torso is None and separate.v_torso is not None
     assert sum(p.numel() for p in shared.parameters()) < sum(p.numel() for p in separate.parameters())
 
 
 def test_actor_critic_loss_by_hand():
-    cfg = load_config(None, ["a2c.vf_coef=0.5", "a2c.ent_coef=0.1", "a2c.normalize_advantages=false"]).a2c
+    cfg = load_config(None, ["algo=a2c", "a2c.vf_coef=0.5", "a2c.ent_coef=0.1", "a2c.normalize_advantages=false"]).a2c
     logp = torch.tensor([-0.5, -1.0], requires_grad=True)
     values = torch.tensor([1.0, 2.0], requires_grad=True)
     loss, terms = actor_critic_loss(logp, torch.tensor([0.7, 0.6]), values, torch.tensor([2.0, -1.0]),
@@ -169,7 +179,11 @@ def test_check_spec():
     assert PPO.check_spec(env_spec("Pendulum-v1")) is None
     inf_box = EnvSpec(gym.spaces.Box(-1, 1, (3,)), gym.spaces.Box(-np.inf, np.inf, (2,)))
     assert "finite" in PPO.check_spec(inf_box)
-    image = EnvSpec(gym.spaces.Box(0, 255, (8, 8, 3)), gym.spaces.Discrete(2))
-    assert "flat Box observation" in PPO.check_spec(image)
+    # Images are the torso factory's to take (`auto`: a CNN), not refused by the algorithm.
+    image = EnvSpec(gym.spaces.Box(0, 255, (8, 8, 3), np.uint8), gym.spaces.Discrete(2))
+    assert PPO.check_spec(image) is None
+    net = PPO(image, load_config(None, ["algo=ppo"]).ppo, load_config(None, ["algo=ppo"]).model).build_network()
+    dist, value = net(torch.zeros(5, 8, 8, 3, dtype=torch.uint8))
+    assert dist.logp_all.shape == (5, 2) and value.shape == (5,)
     multi = EnvSpec(gym.spaces.Box(-1, 1, (3,)), gym.spaces.MultiDiscrete([2, 2]))
     assert "Discrete or Box" in ActorCriticAlgorithm.check_spec(multi)

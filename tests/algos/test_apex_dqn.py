@@ -1,19 +1,21 @@
 import numpy as np
 import pytest
 import torch
+from gymnasium import spaces
 
-from distrl.registry import make_policy
-from distrl.algos.apex_dqn import ApexDQN
-from distrl.algos.apex_dqn_acting import worker_epsilon
+from distrl.algos.apex_dqn import ApexDQN, QNetwork
+from distrl.algos.qlearning import epsilon_greedy, worker_epsilon
 from distrl.config import load_config
-from distrl.core import Trajectory
+from distrl.core import EnvSpec, Trajectory
 from distrl.envs import env_spec
+from distrl.roles.factory import make_algorithm
+from tests.algos.same_network import check_acts_with_the_learners_network
 
 
 @pytest.fixture
 def algo():
-    cfg = load_config(None, ["apex_dqn.hidden=[8, 8]", "apex_dqn.gamma=0.9", "apex_dqn.n_step=1"])
-    return ApexDQN(cfg, env_spec("CartPole-v1"))
+    cfg = load_config(None, ["model.hidden=[8, 8]", "apex_dqn.gamma=0.9", "apex_dqn.n_step=1"])
+    return make_algorithm(cfg, env_spec("CartPole-v1"))
 
 
 def test_per_worker_epsilons_follow_apex():
@@ -28,6 +30,26 @@ def test_per_worker_epsilons_follow_apex():
     assert worker_epsilon(cfg, 0, 1, cfg.eps_decay_steps // 2) == pytest.approx((cfg.eps_start + cfg.eps_end) / 2)
     assert worker_epsilon(cfg, 0, 1, 10 * cfg.eps_decay_steps) == pytest.approx(cfg.eps_end)
     assert worker_epsilon(cfg, -1, 4, 0) == 0.0
+
+
+def test_a_lone_workers_policy_decays_its_epsilon_with_the_steps_it_is_told(algo):
+    policy, cfg = algo.make_policy(0, 1, 0), algo.cfg
+    assert policy.epsilon == pytest.approx(cfg.eps_start)
+    policy.observe_steps(cfg.eps_decay_steps // 2)
+    assert policy.epsilon == pytest.approx((cfg.eps_start + cfg.eps_end) / 2)
+    policy.observe_steps(10 * cfg.eps_decay_steps)
+    assert policy.epsilon == pytest.approx(cfg.eps_end)
+    assert [algo.make_policy(i, 3, 0).epsilon for i in (-1, 0, 2)] == [0.0, cfg.eps, cfg.eps ** (1 + cfg.eps_alpha)]
+
+
+def test_epsilon_greedy_is_greedy_without_rng_and_uniform_at_epsilon_one():
+    q = np.array([[0.0, 2.0, 1.0], [5.0, -1.0, 0.0]])
+    np.testing.assert_array_equal(epsilon_greedy(q, 1.0, None), [1, 0])
+    np.testing.assert_array_equal(epsilon_greedy(q, 0.0, np.random.default_rng(0)), [1, 0])
+    many = epsilon_greedy(np.zeros((30000, 3)) + [0.0, 1.0, 0.0], 1.0, np.random.default_rng(0))
+    np.testing.assert_allclose(np.bincount(many, minlength=3) / len(many), [1 / 3] * 3, atol=0.01)
+    half = epsilon_greedy(np.zeros((30000, 3)) + [0.0, 1.0, 0.0], 0.5, np.random.default_rng(1))
+    assert (half == 1).mean() == pytest.approx(0.5 + 0.5 / 3, abs=0.01)  # greedy, or a uniform pick of it
 
 
 def test_double_dqn_target_and_terminal_discount(algo):
@@ -57,8 +79,27 @@ def test_double_dqn_target_and_terminal_discount(algo):
     assert learner.updates == 1 and np.isfinite(out["loss"])
 
 
+def test_the_policy_acts_with_the_learners_q_network(algo):
+    learner = algo.make_learner("cpu")
+    with torch.no_grad():  # away from the initial weights: loading them must matter
+        for p in learner.q.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    policy = algo.make_policy(0, 2, 0)
+    obs = np.random.default_rng(2).normal(size=(5, 4)).astype(np.float32)
+    check_acts_with_the_learners_network(policy, learner.q, learner.get_weights(), "forward", obs)
+    assert isinstance(policy.net, QNetwork)
+    with torch.no_grad():
+        q = learner.q(torch.as_tensor(obs)).numpy()
+    np.testing.assert_array_equal(policy.forward(obs, None)[0]["q"], q)
+    evaluator = algo.make_policy(-1, 2, 0)
+    evaluator.set_weights(learner.get_weights(), 1)
+    actions, extras = evaluator.act(obs, explore=True)  # the evaluator's epsilon is 0
+    np.testing.assert_array_equal(actions, q.argmax(1))
+    np.testing.assert_array_equal(extras["q"], q)
+
+
 def test_worker_priorities_are_abs_td_under_own_q(algo):
-    policy = make_policy(algo.cfg, algo.spec, 0, 2)
+    policy = algo.make_policy(0, 2, 0)
     q_net = algo.make_learner("cpu").q  # the reference: the torch network whose weights the worker acts with
     policy.set_weights({k: v.detach().numpy() for k, v in q_net.state_dict().items()}, 0)
     T, E = 3, 2
@@ -78,6 +119,27 @@ def test_worker_priorities_are_abs_td_under_own_q(algo):
     expected = np.abs(traj.rewards.reshape(-1) + disc * q_next - q_taken)
     np.testing.assert_allclose(prios, expected, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(items["discounts"], disc)
+
+
+def test_uint8_frames_are_stored_as_bytes_and_learned_from():
+    """Image observations stay uint8 from the worker through replay to the learner, whose torso scales them."""
+    spec = EnvSpec(spaces.Box(0, 255, (2, 10, 10), np.uint8), spaces.Discrete(3))
+    algo = make_algorithm(load_config(None, ["model.features=16", "apex_dqn.n_step=1"]), spec)
+    learner = algo.make_learner("cpu")
+    policy = algo.make_policy(0, 1, 0)
+    policy.set_weights(learner.get_weights(), 0)
+    rng = np.random.default_rng(0)
+    T, E = 2, 3
+    obs = rng.integers(0, 256, (T, E, 2, 10, 10), dtype=np.uint8)
+    actions, extras = policy.act(obs.reshape(T * E, 2, 10, 10), explore=True)
+    traj = Trajectory(obs, actions.reshape(T, E), np.ones((T, E), np.float32), np.zeros((T, E), bool),
+                      np.zeros((T, E), bool), obs[::-1].copy(), {"q": extras["q"].reshape(T, E, 3)})
+    items, prios = policy.postprocess(traj)
+    assert items["obs"].dtype == items["next_obs"].dtype == np.uint8
+    with torch.no_grad():  # the network sees frames / 255
+        np.testing.assert_array_equal(extras["q"], learner.q(torch.as_tensor(obs.reshape(T * E, 2, 10, 10))).numpy())
+    out = learner.update({**items, "weights": np.ones(len(prios), np.float32)})
+    assert np.isfinite(out["loss"]) and out["priorities"].shape == prios.shape
 
 
 def test_rejects_continuous_actions():

@@ -1,20 +1,21 @@
-"""DHC: numpy acting vs torch, masked attention, per-agent n-step targets, the learner, postprocess -> replay."""
+"""DHC: acting with the learner's network, masked attention, per-agent n-step targets, the learner,
+postprocess -> replay."""
 import contextlib
 import itertools
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 from gymnasium import spaces
 
-from distrl.algos.common import to_numpy_weights
-from distrl.algos.dhc import DHC, build_network
-from distrl.algos.dhc_acting import DHCPolicy, NumpyDHCNet, agent_nstep_targets, agent_priorities
+from distrl.algos.dhc import DHC, DHCNetwork
+from distrl.algos.dhc_acting import agent_nstep_targets, agent_priorities
 from distrl.config import load_config
 from distrl.core import EnvSpec, Trajectory
 from distrl.envs.mapf import MAPF
+from distrl.models.torsos import ConvTorso, MLPTorso
+from distrl.roles.factory import make_algorithm
+from tests.algos.same_network import check_acts_with_the_learners_network
 
 IMAGE = EnvSpec(spaces.Box(0.0, 1.0, (7, 5, 5), np.float32), spaces.Discrete(5))
 FLAT = EnvSpec(spaces.Box(-1.0, 1.0, (6,), np.float32), spaces.Discrete(4))
@@ -22,11 +23,17 @@ FLAT = EnvSpec(spaces.Box(-1.0, 1.0, (6,), np.float32), spaces.Discrete(4))
 
 def make_cfg(burn_in=2, length=4, n_step=2, *extra):
     return load_config(None, ["algo=dhc", f"sequence.burn_in={burn_in}", f"sequence.length={length}",
-                              f"dhc.n_step={n_step}", "dhc.encoder=[8]", "dhc.core_size=16", *extra])
+                              f"dhc.n_step={n_step}", "model.conv_channels=[8]", "model.hidden=[8]",
+                              "model.core_size=16", *extra])
 
 
 def learner_for(cfg, spec=IMAGE):
-    return DHC(cfg, spec).make_learner("cpu")
+    return make_algorithm(cfg, spec).make_learner("cpu")
+
+
+def with_agents(spec, agents):
+    """`spec` for envs of `agents` agents: the policy keeps that many states per env."""
+    return EnvSpec(spec.observation_space, spec.action_space, agents)
 
 
 def tensors(batch):
@@ -40,77 +47,111 @@ def random_masks(rng, shape, n, p=0.5):
     return mask, active
 
 
-# ------------------------------------------------------------------ numpy acting == torch
+# ------------------------------------------------------------------ acting with the learner's network
 
 
-@pytest.mark.parametrize("spec,comm,agents", [(IMAGE, True, 4), (IMAGE, False, 3), (FLAT, True, 1), (FLAT, True, 5)])
-def test_numpy_acting_matches_torch_step_by_step(spec, comm, agents):
-    cfg = make_cfg(2, 4, 2, f"dhc.comm={comm}", "dhc.comm_rounds=2", "dhc.encoder=[8,4]")
-    torch.manual_seed(4)
-    net = build_network(spec, cfg.dhc)
-    with torch.no_grad():  # biases away from 0, so a wrong gate order or flatten order shows
-        for p in net.parameters():
+def perturbed_learner(algo):
+    learner = algo.make_learner("cpu")
+    with torch.no_grad():  # biases away from 0 and away from the initial weights: loading them must matter
+        for p in learner.q.parameters():
             p.add_(torch.randn_like(p) * 0.2)
-    policy = DHCPolicy(spec, cfg.dhc, -1, 1, 0, cfg.sequence)
-    policy.set_weights(to_numpy_weights(net), 3)
+    return learner
+
+
+def joint_obs(rng, shape, agents, spec):
+    comm_mask, active = random_masks(rng, shape, agents)
+    return {"obs": rng.random((*shape, agents, *spec.observation_space.shape)).astype(np.float32),
+            "comm_mask": comm_mask, "active": active}
+
+
+@pytest.mark.parametrize("spec, core", [(IMAGE, "gru"), (FLAT, "lstm")])
+def test_the_policy_steps_the_learners_network(spec, core):
+    algo = make_algorithm(make_cfg(2, 4, 2, f"model.core={core}"), with_agents(spec, 4))
+    learner = perturbed_learner(algo)
+    policy = algo.make_policy(0, 1, 0)
+    rng = np.random.default_rng(1)
+    obs = joint_obs(rng, (3,), 4, spec)
+    state = rng.normal(size=(3, 4, 2 if core == "lstm" else 1, 16)).astype(np.float32)
+    check_acts_with_the_learners_network(policy, learner.q, learner.get_weights(), "step", obs, state)
+    assert isinstance(policy.net, DHCNetwork)
+    assert isinstance(policy.net.torso, ConvTorso if spec is IMAGE else MLPTorso)
+
+
+@pytest.mark.parametrize("spec,comm,agents,core", [(IMAGE, True, 4, "gru"), (IMAGE, False, 3, "gru"),
+                                                   (FLAT, True, 1, "gru"), (FLAT, True, 5, "lstm")])
+def test_acting_carries_each_agents_state_and_resets_it_at_episode_ends(spec, comm, agents, core):
+    """The evaluator acting step by step is the learner's network stepped from zeros, every agent of an env
+    zeroed after its episode ended; the learner's fused `recurrent` over the steps agrees."""
+    cfg = make_cfg(2, 4, 2, f"dhc.comm={comm}", "dhc.comm_rounds=2", "model.conv_channels=[8,4]",
+                   "model.hidden=[8,4]", f"model.core={core}")
+    algo = make_algorithm(cfg, with_agents(spec, agents))
+    learner = perturbed_learner(algo)
+    policy = algo.make_policy(-1, 1, 0)
+    policy.set_weights(learner.get_weights(), 3)
     rng = np.random.default_rng(5)
     T, E = 7, 3
-    obs = rng.random((T, E, agents, *spec.observation_space.shape)).astype(np.float32)
-    comm_mask, active = random_masks(rng, (T, E), agents)
+    steps = joint_obs(rng, (T, E), agents, spec)
     done, first = np.zeros((T, E), bool), np.zeros((T, E), bool)
     done[2, 1] = done[4, 0] = done[4, 2] = first[3, 1] = first[5, 0] = first[5, 2] = True
-    with torch.no_grad():
-        out, _ = net.recurrent(torch.as_tensor(obs), torch.zeros(E, agents, 1, 16), torch.as_tensor(first))
-        q_ref, h_ref = net.q_values(out, torch.as_tensor(comm_mask), torch.as_tensor(active)).numpy(), out.numpy()
+    state = torch.zeros(E, agents, 2 if core == "lstm" else 1, 16)
+    assert policy.initial_state(E).shape == state.shape
     for t in range(T):
-        actions, extras = policy.act({"obs": obs[t], "comm_mask": comm_mask[t], "active": active[t]}, explore=True)
-        np.testing.assert_allclose(extras["q"], q_ref[t], atol=2e-5)
-        np.testing.assert_array_equal(actions, q_ref[t].argmax(-1))  # the evaluator is greedy
-        before = np.zeros((E, agents, 1, 16), np.float32) if t == 0 else h_ref[t - 1][:, :, None] * ~first[t, :, None, None, None]
-        np.testing.assert_allclose(extras["state"], before, atol=2e-5)
+        obs = {k: v[t] for k, v in steps.items()}
+        actions, extras = policy.act(obs, explore=True)
+        with torch.no_grad():
+            q_ref, after = learner.q.step({k: torch.as_tensor(v) for k, v in obs.items()}, state)
+        np.testing.assert_array_equal(extras["q"], q_ref.numpy())
+        np.testing.assert_array_equal(actions, q_ref.numpy().argmax(-1))  # the evaluator is greedy
+        np.testing.assert_array_equal(extras["state"], state.numpy())
         assert extras["q"].dtype == np.float32 and actions.shape == (E, agents) and actions.dtype == np.int64
         policy.episodes_ended(done[t])
+        state = after * torch.as_tensor(~done[t], dtype=torch.float32)[:, None, None, None]
+    with torch.no_grad():
+        out, final = learner.q.recurrent(torch.as_tensor(steps["obs"]), torch.zeros_like(state), torch.as_tensor(first))
+        q = learner.q.q_values(out, torch.as_tensor(steps["comm_mask"]), torch.as_tensor(steps["active"]))
+    np.testing.assert_allclose(q[-1].numpy(), extras["q"], rtol=1e-5, atol=2e-5)
+    np.testing.assert_allclose(final.numpy(), after.numpy(), rtol=1e-5, atol=2e-5)
 
 
-def test_policy_adapts_to_the_agent_count_explores_per_agent_and_checks_specs():
+def test_policy_keeps_states_for_the_specs_agents_explores_per_agent_and_checks_specs():
     cfg = make_cfg()
-    policy = DHCPolicy(IMAGE, cfg.dhc, 0, 1, 0, cfg.sequence)  # a lone worker at step 0: epsilon 1
-    policy.set_weights(to_numpy_weights(build_network(IMAGE, cfg.dhc)), 0)
+    weights = make_algorithm(cfg, IMAGE).make_learner("cpu").get_weights()  # the learner's: any agent count
     for n in (2, 6):
+        algo = make_algorithm(cfg, with_agents(IMAGE, n))
+        policy = algo.make_policy(0, 1, 0)  # a lone worker at step 0: epsilon 1
+        policy.set_weights(weights, 0)
+        assert policy.initial_state(8).shape == (8, n, 1, 16)
         mask, active = random_masks(np.random.default_rng(n), (8,), n)
         actions, extras = policy.act({"obs": np.ones((8, n, 7, 5, 5), np.float32), "comm_mask": mask,
                                       "active": active}, explore=True)
         assert actions.shape == (8, n) and extras["state"].shape == (8, n, 1, 16) and not extras["state"].any()
         assert len(np.unique(actions)) > 1  # random per agent, not one action per env
-    assert DHCPolicy(IMAGE, cfg.dhc, -1, 1, 0).epsilon == 0.0
+    assert algo.make_policy(-1, 1, 0).epsilon == 0.0
     assert DHC.check_spec(IMAGE) is None and DHC.check_spec(FLAT) is None
     assert "Discrete" in DHC.check_spec(EnvSpec(FLAT.observation_space, spaces.Box(-1, 1, (2,))))
-    assert "shape" in DHC.check_spec(EnvSpec(spaces.Box(0, 1, (4, 4), np.float32), spaces.Discrete(2)))
-    code = "import sys, distrl.algos.dhc_acting; sys.exit('torch' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0, "the acting module imports torch"
+    assert "Box observation" in DHC.check_spec(EnvSpec(spaces.Discrete(3), spaces.Discrete(2)))
+    # A 2-D observation is no image: the torso factory flattens it into an MLP.
+    grid = make_algorithm(cfg, EnvSpec(spaces.Box(0, 1, (4, 4), np.float32), spaces.Discrete(2))).build_network()
+    assert isinstance(grid.torso, MLPTorso)
 
 
 # ------------------------------------------------------------------ the communication block
 
 
-def comm_nets(rounds=2):
+def comm_net(rounds=2):
     cfg = make_cfg(2, 4, 2, f"dhc.comm_rounds={rounds}", "dhc.comm_heads=2")
     torch.manual_seed(0)
-    net = build_network(FLAT, cfg.dhc)
-    return net, NumpyDHCNet(to_numpy_weights(net), (6,), 2)
+    return make_algorithm(cfg, FLAT).build_network()
 
 
-def both_communicate(net, np_net, h, mask, active):
+def communicate(net, h, mask, active):
     with torch.no_grad():
-        out = net.communicate(torch.as_tensor(h), torch.as_tensor(mask), torch.as_tensor(active)).numpy()
-    out_np = np_net.communicate(h, mask, active)
-    np.testing.assert_allclose(out_np, out, atol=1e-5)
-    return out, out_np
+        return net.communicate(torch.as_tensor(h), torch.as_tensor(mask), torch.as_tensor(active)).numpy()
 
 
 @pytest.mark.parametrize("rounds", [1, 2])
 def test_attention_ignores_masked_and_inactive_agents_exactly(rounds):
-    net, np_net = comm_nets(rounds)
+    net = comm_net(rounds)
     n = 5
     h = np.random.default_rng(1).normal(size=(n, 16)).astype(np.float32)
     mask, active = np.zeros((n, n), bool), np.array([True, True, True, False, True])
@@ -119,27 +160,26 @@ def test_attention_ignores_masked_and_inactive_agents_exactly(rounds):
     # whose outputs agent j's features reach: in one round its hearers, in two also theirs (2 -> 0 -> 1, 4)
     reach = {0: {1, 4}, 1: {0}, 2: {0}, 3: set(), 4: set()} if rounds == 1 else \
         {0: {1, 4}, 1: {0, 4}, 2: {0, 1, 4}, 3: set(), 4: set()}
-    base, base_np = both_communicate(net, np_net, h, mask, active)
+    base = communicate(net, h, mask, active)
     for j, affected in reach.items():
         h2 = h.copy()
         h2[j] += 3.0
-        out, out_np = both_communicate(net, np_net, h2, mask, active)
+        out = communicate(net, h2, mask, active)
         for i in set(range(n)) - {j}:
-            for o, b in ((out, base), (out_np, base_np)):
-                if i in affected:  # the check bites: a heard agent does change the receiver's output
-                    assert np.abs(o[i] - b[i]).max() > 1e-3, (i, j)
-                else:
-                    np.testing.assert_array_equal(o[i], b[i], err_msg=f"agent {j} leaked into {i}")
+            if i in affected:  # the check bites: a heard agent does change the receiver's output
+                assert np.abs(out[i] - base[i]).max() > 1e-3, (i, j)
+            else:
+                np.testing.assert_array_equal(out[i], base[i], err_msg=f"agent {j} leaked into {i}")
 
 
 def test_empty_mask_rows_give_finite_outputs_and_no_message():
-    net, np_net = comm_nets()
+    net = comm_net()
     rng = np.random.default_rng(2)
     h = rng.normal(size=(3, 4, 16)).astype(np.float32)
     mask, active = np.zeros((3, 4, 4), bool), np.ones((3, 4), bool)
     mask[1, 0, 2], active[2] = True, False  # one message in the second group; every other row is empty
-    out, out_np = both_communicate(net, np_net, h, mask, active)
-    assert np.all(np.isfinite(out)) and np.all(np.isfinite(out_np))
+    out = communicate(net, h, mask, active)
+    assert np.all(np.isfinite(out))
     silent = np.ones((3, 4), bool)
     silent[1, 0] = False  # every agent but agent 0 of group 1
     np.testing.assert_array_equal(out[silent], h[silent])  # no neighbour: h unchanged
@@ -230,13 +270,15 @@ def make_batch(rng, seq_len, batch, agents, first_at=(), obs_shape=(7, 5, 5), co
             "version": np.zeros(batch, np.int32), "weights": rng.uniform(0.5, 1.0, batch).astype(np.float32)}
 
 
-def numpy_unroll(net, batch):
-    """Q (L, B, N, A) stepping the numpy network from the stored state, zeroing it where `first`."""
-    state, qs = batch["state"], []
+@torch.no_grad()
+def stepped(net, batch):
+    """The reference: Q (L, B, N, A) from `net.step` in a Python loop from the stored state, zeroing it
+    where `first`."""
+    state, qs = torch.as_tensor(batch["state"]), []
     for t in range(len(batch["obs"])):
-        state = state * (~batch["first"][t])[:, None, None, None]
-        q, state = net.step(batch["obs"][t], state, batch["comm_mask"][t], batch["active"][t])
-        qs.append(q)
+        state = state * torch.as_tensor(~batch["first"][t], dtype=torch.float32)[:, None, None, None]
+        q, state = net.step({k: torch.as_tensor(batch[k][t]) for k in ("obs", "comm_mask", "active")}, state)
+        qs.append(q.numpy())
     return np.stack(qs)
 
 
@@ -248,8 +290,8 @@ def test_learner_td_matches_a_step_by_step_reference(double):
             p.add_(torch.randn_like(p) * 0.3)
     rng = np.random.default_rng(3)
     batch = make_batch(rng, 8, 5, 3, first_at=[None, 2, 1, None, 0], end=4)  # item 0 terminates after step 4
-    q = numpy_unroll(NumpyDHCNet(learner.get_weights(), (7, 5, 5), 2), batch)
-    qt = numpy_unroll(NumpyDHCNet(to_numpy_weights(learner.target), (7, 5, 5), 2), batch)
+    q = stepped(learner.q, batch)
+    qt = stepped(learner.target, batch)
     best = (q if double else qt).argmax(-1)[..., None]
     values = np.take_along_axis(qt, best, -1)[..., 0]
     active = batch["active"].astype(float)
@@ -361,7 +403,7 @@ def test_postprocess_of_a_mapf_rollout_feeds_replay_masks_survive_and_priorities
 
     cfg = make_cfg(3, 4, 2, "sequence.period=2", "sequence.chunk_length=4")
     learner = learner_for(cfg)  # target == online: both act as the worker's network
-    policy = DHCPolicy(IMAGE, cfg.dhc, 0, 1, 7, cfg.sequence)
+    policy = make_algorithm(cfg, with_agents(IMAGE, 3)).make_policy(0, 1, 7)
     policy.set_weights(learner.get_weights(), 0)
     envs = [MAPF(size=3, num_agents=3, density=0.0, fov=5, max_steps=max_steps, comm_k=1, remove_done_agents=True,
                  seed=e) for e in range(4)]  # epsilon 1: random actions

@@ -4,29 +4,28 @@ import numpy as np
 import pytest
 import torch
 
-from distrl.registry import make_policy
-from distrl.registry import algorithm_class as get_algorithm_class
 from distrl.algos.a2c import a2c_loss
 from distrl.algos.actor_critic import actor_critic_loss, time_major
 from distrl.algos.advantages import gae, vtrace
 from distrl.algos.ppo import ppo_loss
 from distrl.config import load_config
 from distrl.envs import VectorEnv, env_spec
+from distrl.roles.factory import make_algorithm
 from distrl.roles.rollout import Rollout
 
 T, E = 8, 4
 
 
 def make(algo, env="CartPole-v1", *overrides):
-    cfg = load_config(None, [f"algo={algo}", f"{algo}.hidden=[16, 16]", *overrides])
-    return get_algorithm_class(algo)(cfg, env_spec(env))
+    cfg = load_config(None, [f"algo={algo}", "model.hidden=[16, 16]", *overrides])
+    return make_algorithm(cfg, env_spec(env))
 
 
 def rollout_batch(algo, learner, k=1, env="CartPole-v1", version=None):
     """k fragments from real Rollouts, concatenated along the env axis like the FIFO does."""
     frags = []
     for i in range(k):
-        policy = make_policy(algo.cfg, algo.spec, i, k)
+        policy = algo.make_policy(i, k, 1000 + i)
         policy.set_weights(learner.get_weights(), learner.updates if version is None else version)
         frags.append(Rollout(policy, VectorEnv(env, E, 10 * i), T, i).sample().data)
     if k == 1:
@@ -86,7 +85,7 @@ def test_ppo_counts_one_update_per_batch_and_reports_optimizer_steps():
 
 # --- PPO math ---------------------------------------------------------------------
 def ppo_cfg(*overrides):
-    return load_config(None, ["ppo.clip=0.2", "ppo.vf_coef=0.5", "ppo.ent_coef=0.0", *overrides]).ppo
+    return load_config(None, ["algo=ppo", "ppo.clip=0.2", "ppo.vf_coef=0.5", "ppo.ent_coef=0.0", *overrides]).ppo
 
 
 def test_clipped_surrogate_by_hand():
@@ -127,7 +126,7 @@ def test_value_loss_with_and_without_clipping(vf_clip):
 
 def test_ppo_uses_vtrace_targets_under_policy_lag_and_gae_without():
     algo = make("ppo")
-    c = algo.section
+    c = algo.cfg
     learner = algo.make_learner("cpu")
     batch = rollout_batch(algo, learner)        # version 0
     learner.update(rollout_batch(algo, learner))  # the learner moves on: updates = 1
@@ -154,7 +153,7 @@ def test_ppo_uses_vtrace_targets_under_policy_lag_and_gae_without():
 # --- IMPALA -----------------------------------------------------------------------
 def test_impala_loss_uses_vtrace_with_learner_log_probs():
     algo = make("impala", "CartPole-v1", "impala.rho_bar=0.9", "impala.c_bar=0.8")
-    c = algo.section
+    c = algo.cfg
     learner = algo.make_learner("cpu")
     batch = rollout_batch(algo, learner)
     learner.update(rollout_batch(algo, learner))  # makes the batch off-policy
@@ -186,17 +185,17 @@ def grad_message(learner, grads, version):
 def test_a3c_worker_message_is_the_a2c_gradient():
     algo = make("a3c")
     learner = algo.make_learner("cpu")
-    policy = make_policy(algo.cfg, algo.spec, 0, 1)
+    policy = algo.make_policy(0, 1, 1000)
     policy.set_weights(learner.get_weights(), 3)
     rollout = Rollout(policy, VectorEnv("CartPole-v1", E, 0), T, 0)
     msg = rollout.sample().data
     assert msg["version"].tolist() == [3] and msg["steps"].tolist() == [T * E]
     assert "rewards" not in msg and all(msg[k].shape == (1,) for k in ("loss_policy", "loss_value", "entropy"))
     # The same fragment (same seeds, same weights) from a plain policy, A2C loss differentiated here.
-    plain = make_policy(make("a2c").cfg, make("a2c").spec, 0, 1)
+    plain = make("a2c").make_policy(0, 1, 1000)
     plain.set_weights(learner.get_weights(), 3)
     items = Rollout(plain, VectorEnv("CartPole-v1", E, 0), T, 0).sample().data
-    loss, _ = a2c_loss(learner.net, time_major(items, "cpu"), algo.section)
+    loss, _ = a2c_loss(learner.net, time_major(items, "cpu"), algo.cfg)
     loss.backward()
     for name, p in learner.net.named_parameters():
         np.testing.assert_allclose(msg[f"grad/{name}"], p.grad.numpy(), rtol=1e-5, atol=1e-6)

@@ -6,10 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from distrl.algos.common import to_numpy_weights
-from distrl.algos.r2d2 import R2D2
-from distrl.algos.r2d2_acting import NumpyR2D2Net, R2D2Policy, rescale, sequence_priorities, unrescale
+from distrl.algos.r2d2_acting import rescale, sequence_priorities, unrescale
 from distrl.config import load_config
+from distrl.roles.factory import make_algorithm
 from tests.algos.test_r2d2_acting import SPEC, make_cfg, reference_targets
 
 
@@ -32,25 +31,51 @@ def make_batch(rng, seq_len, batch, state_shape, first_at=None):
 
 
 def learner_for(cfg):
-    return R2D2(cfg, SPEC).make_learner("cpu")
+    return make_algorithm(cfg, SPEC).make_learner("cpu")
 
 
 # ------------------------------------------------------------------ the learner
 
 
-def numpy_unroll(net, obs, state, first):
-    """Q (L, B, A) stepping the numpy network from `state`, zeroing it where `first`."""
-    qs = []
+@torch.no_grad()
+def stepped(net, obs, state, first, final_state=False):
+    """The reference: Q (L, B, A) from `net.step` in a Python loop from `state`, zeroing it where `first`
+    (and the state after the last step, if asked)."""
+    state, qs = torch.as_tensor(state), []
     for t in range(len(obs)):
-        state = state * (~first[t])[:, None, None]
-        q, state = net.step(obs[t], state)
-        qs.append(q)
-    return np.stack(qs)
+        state = state * torch.as_tensor(~first[t], dtype=torch.float32)[:, None, None]
+        q, state = net.step(torch.as_tensor(obs[t]), state)
+        qs.append(q.numpy())
+    return (np.stack(qs), state.numpy()) if final_state else np.stack(qs)
+
+
+@pytest.mark.parametrize("core", ["lstm", "gru"])
+def test_the_fused_unroll_with_resets_is_the_step_by_step_network(core):
+    """`unroll` runs the core over the segments between resets (`first`), several rows resetting at
+    different steps, one row twice; its head is the Q of `step` in a loop."""
+    net = learner_for(make_cfg(2, 4, 2, f"model.core={core}")).q
+    rng = np.random.default_rng(0)
+    T, B = 9, 4
+    obs = rng.normal(size=(T, B, 3)).astype(np.float32)
+    state = rng.normal(size=(B, 2 if core == "lstm" else 1, 8)).astype(np.float32)
+    first = np.zeros((T, B), bool)
+    first[3, 0] = first[3, 2] = first[6, 2] = first[0, 3] = True
+    with torch.no_grad():
+        out, final = net.unroll(torch.as_tensor(obs), torch.as_tensor(state), torch.as_tensor(first))
+        q = net.head(out).numpy()
+    ref_q, ref_final = stepped(net, obs, state, first, final_state=True)
+    np.testing.assert_allclose(q, ref_q, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(final.numpy(), ref_final, rtol=1e-5, atol=1e-6)
+    assert final.shape == state.shape
+    # Row 3 reset at step 0: its stored state played no part.
+    np.testing.assert_allclose(q[:, 3], stepped(net, obs, np.zeros_like(state), first)[:, 3], rtol=1e-5, atol=1e-6)
+    # The torso runs over any leading axes.
+    assert net.features(torch.as_tensor(obs)).shape == (T, B, 16)
 
 
 @pytest.mark.parametrize("core,double,rescaling", [("lstm", True, True), ("gru", False, False)])
 def test_learner_td_matches_a_step_by_step_reference(core, double, rescaling):
-    cfg = make_cfg(2, 4, 2, f"r2d2.core={core}", f"r2d2.double={double}", f"r2d2.value_rescaling={rescaling}")
+    cfg = make_cfg(2, 4, 2, f"model.core={core}", f"r2d2.double={double}", f"r2d2.value_rescaling={rescaling}")
     learner = learner_for(cfg)
     with torch.no_grad():
         for p in learner.target.parameters():
@@ -59,9 +84,8 @@ def test_learner_td_matches_a_step_by_step_reference(core, double, rescaling):
     batch = make_batch(rng, 8, 5, (2 if core == "lstm" else 1, 8), first_at=[None, 2, 1, None, 0])
     batch["discount"][3, 0] = 0.0  # item 0 terminates at step 3 ...
     batch["mask"][4:, 0] = batch["valid"][5:, 0] = 0.0  # ... then its pseudo-step, then padding (trained, unreal)
-    q = numpy_unroll(NumpyR2D2Net(learner.get_weights(), core), batch["obs"], batch["state"], batch["first"])
-    qt = numpy_unroll(NumpyR2D2Net(to_numpy_weights(learner.target), core), batch["obs"], batch["state"],
-                      batch["first"])
+    q = stepped(learner.q, batch["obs"], batch["state"], batch["first"])
+    qt = stepped(learner.target, batch["obs"], batch["state"], batch["first"])
     best = q.argmax(-1)[..., None] if double else qt.argmax(-1)[..., None]
     values = np.take_along_axis(qt, best, -1)[..., 0]
     eps = learner.cfg.rescale_eps
@@ -109,8 +133,8 @@ def test_burn_in_gives_no_gradient(monkeypatch):
     ref.q.load_state_dict(learner.q.state_dict())
     ref.target.load_state_dict(learner.target.state_dict())
     with torch.no_grad():
-        keep = torch.ones(4, 6, 1)
-        _, burned = learner.q.unroll(torch.as_tensor(batch["obs"][:4]), torch.as_tensor(batch["state"]), keep, [])
+        _, burned = learner.q.unroll(torch.as_tensor(batch["obs"][:4]), torch.as_tensor(batch["state"]),
+                                     torch.as_tensor(batch["first"][:4]))
     sliced = {k: (v[4:] if v.ndim >= 2 and k != "state" else v) for k, v in batch.items()}
     sliced["state"] = burned.numpy()
     _, _, ref_grads = burn_in_gradients(ref, sliced)
@@ -169,7 +193,7 @@ def rollout_fragments(cfg, spec, learner, fragment_length, count, env_kwargs):
     from distrl.envs import VectorEnv
     from distrl.roles.rollout import Rollout
 
-    policy = R2D2Policy(spec, cfg.r2d2, 0, 1, 7, cfg.sequence)
+    policy = make_algorithm(cfg, spec).make_policy(0, 1, 7)
     policy.set_weights(learner.get_weights(), 0)
     rollout = Rollout(policy, VectorEnv("CartPole-v1", 3, 0, env_kwargs), fragment_length, 0)
     return [rollout.sample() for _ in range(count)]
@@ -181,9 +205,9 @@ def test_postprocess_feeds_sequence_replay_and_worker_priorities_match_the_learn
 
     kwargs = {"max_episode_steps": 16}  # random CartPole: episodes both terminate and get truncated
     cfg = load_config(None, ["algo=r2d2", "sequence.burn_in=4", "sequence.length=6", "sequence.period=3",
-                             "sequence.chunk_length=4", "r2d2.n_step=3", "r2d2.hidden=[16]", "r2d2.core_size=8"])
+                             "sequence.chunk_length=4", "r2d2.n_step=3", "model.hidden=[16]", "model.core_size=8"])
     spec = env_spec("CartPole-v1", kwargs)
-    learner = R2D2(cfg, spec).make_learner("cpu")  # target == online: both act as the worker's network
+    learner = make_algorithm(cfg, spec).make_learner("cpu")  # target == online: both act as the worker's network
     frags = rollout_fragments(cfg, spec, learner, 30, 3, kwargs)
     replay = replay_module.SequenceReplay(10_000, 4 + 6 + 3, prioritized=False)
     for f in frags:
@@ -205,9 +229,9 @@ def test_a_fragment_without_items_sends_an_empty_message_shaped_like_a_real_one(
     replay_module = pytest.importorskip("distrl.replay.sequence_replay")
     from distrl.envs import env_spec
 
-    cfg = load_config(None, ["algo=r2d2", "r2d2.hidden=[16]", "r2d2.core_size=8"])
+    cfg = load_config(None, ["algo=r2d2", "model.hidden=[16]", "model.core_size=8"])
     spec = env_spec("CartPole-v1")
-    learner = R2D2(cfg, spec).make_learner("cpu")
+    learner = make_algorithm(cfg, spec).make_learner("cpu")
     empty = rollout_fragments(cfg, spec, learner, 1, 1, None)[0]  # one step: no sequence can be complete
     full = rollout_fragments(cfg, spec, learner, 64, 1, None)[0]
     assert empty.info.items == 0 and empty.priorities.shape == (0,) and full.info.items > 0
@@ -220,3 +244,25 @@ def test_a_fragment_without_items_sends_an_empty_message_shaped_like_a_real_one(
     replay.add(full.data, full.priorities)
     replay.add(empty.data, empty.priorities)
     assert len(replay) == full.info.items
+
+
+def test_uint8_frames_learn_as_their_float_frames():
+    """Image sequences stay uint8 up to the learner; its torso scales them exactly as a float32 batch of
+    frames / 255 would be, so the TD errors are the same floats."""
+    from gymnasium import spaces
+
+    from distrl.core import EnvSpec
+
+    cfg = make_cfg(2, 4, 2, "model.features=16")
+    byte_spec = EnvSpec(spaces.Box(0, 255, (2, 6, 6), np.uint8), SPEC.action_space)
+    float_spec = EnvSpec(spaces.Box(0.0, 1.0, (2, 6, 6), np.float32), SPEC.action_space)
+    on_bytes = make_algorithm(cfg, byte_spec).make_learner("cpu")
+    on_floats = make_algorithm(cfg, float_spec).make_learner("cpu")
+    on_floats.load_state_dict(on_bytes.state_dict())
+    batch = make_batch(np.random.default_rng(4), 8, 3, (2, 8), first_at=[None, 2, 0])
+    frames = np.random.default_rng(5).integers(0, 256, (8, 3, 2, 6, 6), dtype=np.uint8)
+    loss_b, td_b, _ = on_bytes.loss_and_td({k: torch.as_tensor(v) for k, v in dict(batch, obs=frames).items()})
+    floats = dict(batch, obs=frames.astype(np.float32) / 255)
+    loss_f, td_f, _ = on_floats.loss_and_td({k: torch.as_tensor(v) for k, v in floats.items()})
+    assert torch.equal(td_b, td_f) and torch.equal(loss_b, loss_f)
+    assert np.isfinite(on_bytes.update(dict(batch, obs=frames))["loss"])

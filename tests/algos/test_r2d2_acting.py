@@ -1,7 +1,4 @@
-"""R2D2's numpy half: value rescaling, sequence priorities, n-step targets over sequences, acting."""
-import subprocess
-import sys
-
+"""R2D2's acting half: value rescaling, sequence priorities, n-step targets over sequences, acting."""
 import numpy as np
 import pytest
 import torch
@@ -9,19 +6,24 @@ from gymnasium import spaces
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from distrl.algos.apex_dqn_acting import worker_epsilon
-from distrl.algos.common import to_numpy_weights
-from distrl.algos.r2d2 import R2D2, build_network
-from distrl.algos.r2d2_acting import R2D2Policy, nstep_targets, rescale, sequence_priorities, unrescale
+from distrl.algos.qlearning import worker_epsilon
+from distrl.algos.r2d2 import R2D2, R2D2Network
+from distrl.algos.r2d2_acting import nstep_targets, rescale, sequence_priorities, unrescale
 from distrl.config import load_config
 from distrl.core import EnvSpec
+from distrl.roles.factory import make_algorithm
+from tests.algos.same_network import check_acts_with_the_learners_network
 
 SPEC = EnvSpec(spaces.Box(-1.0, 1.0, (3,), np.float32), spaces.Discrete(3))
 
 
 def make_cfg(burn_in=2, length=4, n_step=2, *extra):
     return load_config(None, ["algo=r2d2", f"sequence.burn_in={burn_in}", f"sequence.length={length}",
-                              f"r2d2.n_step={n_step}", "r2d2.hidden=[16]", "r2d2.core_size=8", *extra])
+                              f"r2d2.n_step={n_step}", "model.hidden=[16]", "model.core_size=8", *extra])
+
+
+def make_algo(cfg, spec=SPEC):
+    return make_algorithm(cfg, spec)
 
 
 # ------------------------------------------------------------------ value rescaling
@@ -124,52 +126,75 @@ def test_nstep_targets_match_the_per_step_reference_numpy_and_torch(n):
     np.testing.assert_allclose(nstep_targets(*as_t, *args).numpy(), expected)
 
 
-# ------------------------------------------------------------------ numpy acting
+# ------------------------------------------------------------------ acting
+
+
+def perturbed_learner(algo):
+    learner = algo.make_learner("cpu")
+    with torch.no_grad():  # away from the initial weights: loading them must matter
+        for p in learner.q.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    return learner
 
 
 @pytest.mark.parametrize("core", ["lstm", "gru"])
-def test_numpy_acting_matches_torch_with_state_carried_and_reset(core):
-    cfg = make_cfg(2, 4, 2, f"r2d2.core={core}", "r2d2.dueling=true")
-    torch.manual_seed(4)
-    net = build_network(SPEC, cfg.r2d2)
-    policy = R2D2Policy(SPEC, cfg.r2d2, -1, 1, 0, cfg.sequence)
-    policy.set_weights(to_numpy_weights(net), 3)
+def test_the_policy_steps_the_learners_network(core):
+    algo = make_algo(make_cfg(2, 4, 2, f"model.core={core}"))
+    learner = perturbed_learner(algo)
+    policy = algo.make_policy(0, 1, 0)
+    rng = np.random.default_rng(1)
+    obs = rng.normal(size=(4, 3)).astype(np.float32)
+    state = rng.normal(size=(4, 2 if core == "lstm" else 1, 8)).astype(np.float32)
+    check_acts_with_the_learners_network(policy, learner.q, learner.get_weights(), "step", obs, state)
+    assert isinstance(policy.net, R2D2Network)
+    assert policy.initial_state(4).shape == state.shape and not policy.initial_state(4).any()
+
+
+@pytest.mark.parametrize("core", ["lstm", "gru"])
+def test_acting_carries_each_envs_state_and_resets_it_at_episode_ends(core):
+    """The evaluator acting step by step is the learner's network stepped from zeros, each env's state
+    zeroed after its episode ended: Q-values, greedy actions and the stored states before each step."""
+    algo = make_algo(make_cfg(2, 4, 2, f"model.core={core}", "r2d2.dueling=true"))
+    learner = perturbed_learner(algo)
+    policy = algo.make_policy(-1, 1, 0)
+    policy.set_weights(learner.get_weights(), 3)
     T, E = 9, 3
     obs = np.random.default_rng(5).normal(size=(T, E, 3)).astype(np.float32)
     done = np.zeros((T, E), bool)
     done[2, 1] = done[5, 0] = done[5, 2] = True
-    first = np.zeros((T, E), bool)
-    first[1:] = done[:-1]
-    keep = torch.as_tensor(~first, dtype=torch.float32)[..., None]
-    zero = torch.zeros(E, *policy.state_shape)
-    with torch.no_grad():
-        out, _ = net.unroll(torch.as_tensor(obs), zero, keep, [3, 6])
-        q_ref = net.head(out).numpy()
+    state = torch.zeros(E, *policy.state_shape)
     for t in range(T):
         actions, extras = policy.act(obs[t], explore=True)  # the evaluator is greedy even when exploring
-        np.testing.assert_allclose(extras["q"], q_ref[t], atol=1e-5)
-        np.testing.assert_array_equal(actions, q_ref[t].argmax(1))
-        with torch.no_grad():  # the state before step t: torch's after step t - 1, zeroed where an episode ended
-            resets = [r for r in (3, 6) if r < t]
-            _, before = net.unroll(torch.as_tensor(obs[:t]), zero, keep[:t], resets) if t else (None, zero)
-        np.testing.assert_allclose(extras["state"], before.numpy() * (~first[t])[:, None, None], atol=1e-5)
+        with torch.no_grad():
+            q_ref, after = learner.q.step(torch.as_tensor(obs[t]), state)
+        np.testing.assert_array_equal(extras["q"], q_ref.numpy())
+        np.testing.assert_array_equal(actions, q_ref.numpy().argmax(1))
+        np.testing.assert_array_equal(extras["state"], state.numpy())
         assert extras["q"].dtype == np.float32 and extras["state"].shape == (E, *policy.state_shape)
+        assert t == 0 or extras["state"].any()
         policy.episodes_ended(done[t])
+        state = after * torch.as_tensor(~done[t], dtype=torch.float32)[:, None, None]
+    # ... and so the learner's fused unroll over the same steps, reset where each episode started.
+    first = np.zeros((T, E), bool)
+    first[1:] = done[:-1]
+    with torch.no_grad():
+        out, _ = learner.q.unroll(torch.as_tensor(obs), torch.zeros(E, *policy.state_shape), torch.as_tensor(first))
+        np.testing.assert_allclose(learner.q.head(out)[-1].numpy(), extras["q"], rtol=1e-5, atol=1e-6)
 
 
 def test_worker_epsilons_and_spec_checks():
-    cfg = make_cfg()
-    policies = [R2D2Policy(SPEC, cfg.r2d2, i, 4, i) for i in range(4)]
-    assert [p.epsilon for p in policies] == [worker_epsilon(cfg.r2d2, i, 4, 0) for i in range(4)]
-    assert R2D2Policy(SPEC, cfg.r2d2, -1, 4, 0).epsilon == 0.0
+    algo = make_algo(make_cfg())
+    policies = [algo.make_policy(i, 4, i) for i in range(4)]
+    assert [p.epsilon for p in policies] == [worker_epsilon(algo.cfg, i, 4, 0) for i in range(4)]
+    assert algo.make_policy(-1, 4, 0).epsilon == 0.0
     assert R2D2.check_spec(SPEC) is None
     assert "Discrete" in R2D2.check_spec(EnvSpec(SPEC.observation_space, spaces.Box(-1, 1, (2,))))
 
 
 def test_an_out_of_band_reset_abandons_the_adders_open_episodes():
-    cfg = make_cfg()
-    policy = R2D2Policy(SPEC, cfg.r2d2, 0, 1, 0, cfg.sequence)
-    policy.set_weights(to_numpy_weights(build_network(SPEC, cfg.r2d2)), 0)
+    algo = make_algo(make_cfg())
+    policy = algo.make_policy(0, 1, 0)
+    policy.set_weights(algo.make_learner("cpu").get_weights(), 0)
 
     class Adder:
         resets = 0
@@ -184,8 +209,3 @@ def test_an_out_of_band_reset_abandons_the_adders_open_episodes():
     policy.episodes_ended(np.ones(2, bool))  # envs reset with no step in between (a worker restore)
     assert adder.resets == 1
     assert not policy.act(np.ones((2, 3), np.float32), explore=True)[1]["state"].any()  # both envs start afresh
-
-
-def test_the_acting_module_never_imports_torch():
-    code = "import sys, distrl.algos.r2d2_acting; sys.exit('torch' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

@@ -6,12 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from distrl.registry import make_policy
 from distrl.algos.common import BoxScaler as ActionScaler
-from distrl.algos.sac import (SAC, critic_target, squashed_sample,
-                              temperature_loss)
-from distrl.config import Config
+from distrl.algos.sac import SAC, Actor, critic_target, log_std_from_tanh, squashed_sample, temperature_loss
+from distrl.config import config_class
 from distrl.core import EnvSpec, Trajectory
+from tests.algos.same_network import check_acts_with_the_learners_network
 
 PENDULUM = EnvSpec(gym.spaces.Box(-np.inf, np.inf, (3,), np.float32),
                    gym.spaces.Box(-2.0, 2.0, (1,), np.float32))
@@ -20,11 +19,11 @@ ASYM = EnvSpec(gym.spaces.Box(-np.inf, np.inf, (4,), np.float32),
 
 
 def _algo(spec=PENDULUM, **sac):
-    cfg = Config(algo="sac")
-    cfg.sac.hidden = [16, 16]
+    cfg = config_class("sac")()
+    cfg.model.hidden = [16, 16]
     for k, v in sac.items():
         setattr(cfg.sac, k, v)
-    return SAC(cfg, spec)
+    return SAC(spec, cfg.sac, cfg.model, cfg.seed)
 
 
 def _batch(spec, n=32, seed=0, discounts=0.99):
@@ -142,7 +141,7 @@ def test_action_scaling_round_trip_asymmetric_box():
 def test_policy_actions_in_bounds_and_postprocess_normalises():
     spec = ASYM
     algo = _algo(spec, random_steps=32, n_step=2)
-    policy = make_policy(algo.cfg, algo.spec, 0, 2)  # random for the first 32 / 2 = 16 env steps
+    policy = algo.make_policy(0, 2, 0)  # random for the first 32 / 2 = 16 env steps
     policy.set_weights(algo.make_learner("cpu").get_weights(), 0)
     rng = np.random.default_rng(1)
     T, E = 4, 3
@@ -168,7 +167,7 @@ def test_greedy_actions_deterministic_and_evaluator_never_random():
     algo = _algo(random_steps=10_000)
     learner = algo.make_learner("cpu")
     weights = learner.get_weights()
-    evaluator = make_policy(algo.cfg, algo.spec, -1, 1)
+    evaluator = algo.make_policy(-1, 1, 0)
     evaluator.set_weights(weights, 0)
     obs = np.random.default_rng(0).standard_normal((5, 3)).astype(np.float32)
     a1, _ = evaluator.act(obs, explore=False)
@@ -179,20 +178,28 @@ def test_greedy_actions_deterministic_and_evaluator_never_random():
     np.testing.assert_allclose(a1, 2.0 * np.tanh(mean.numpy()), rtol=1e-5, atol=1e-6)
 
 
-def test_numpy_acting_matches_the_torch_actor():
+def test_the_policy_acts_with_the_learners_actor():
     algo = _algo(ASYM)
-    policy = make_policy(algo.cfg, algo.spec, 0, 1)
+    policy = algo.make_policy(0, 1, 0)
     learner = algo.make_learner("cpu")
     with torch.no_grad():
         for p in learner.actor.parameters():
             p.add_(torch.randn_like(p))  # log-stds away from the middle of their range
-    policy.set_weights(learner.get_weights(), 1)
     obs = np.random.default_rng(3).standard_normal((9, 4)).astype(np.float32)
-    mean, log_std = policy.mean_log_std(obs)
+    check_acts_with_the_learners_network(policy, learner.actor, learner.get_weights(), "forward", obs)
+    assert isinstance(policy.net, Actor)
+    out, state = policy.forward(obs, None)
     with torch.no_grad():
         ref_mean, ref_log_std = learner.actor(torch.as_tensor(obs))
-    np.testing.assert_allclose(mean, ref_mean.numpy(), rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(log_std, ref_log_std.numpy(), rtol=1e-4, atol=1e-5)
+    assert state is None
+    np.testing.assert_array_equal(out["mean"], ref_mean.numpy())
+    np.testing.assert_array_equal(out["log_std"], ref_log_std.numpy())
+    assert out["log_std"].min() >= -5.0 and out["log_std"].max() <= 2.0
+
+
+def test_log_std_maps_tanh_onto_its_range_linearly():
+    t = torch.tensor([-1.0, 0.0, 1.0, 0.5])
+    np.testing.assert_allclose(log_std_from_tanh(t).numpy(), [-5.0, -1.5, 2.0, 0.25])
 
 
 def test_check_spec():
@@ -202,7 +209,7 @@ def test_check_spec():
     unbounded = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
     assert "finite" in SAC.check_spec(EnvSpec(PENDULUM.observation_space, unbounded))
     image = gym.spaces.Box(0, 255, (8, 8, 3), np.uint8)
-    assert "flat" in SAC.check_spec(EnvSpec(image, PENDULUM.action_space))
+    assert "vector observations only" in SAC.check_spec(EnvSpec(image, PENDULUM.action_space))
 
 
 # --- learner --------------------------------------------------------------------------
@@ -263,6 +270,6 @@ def test_get_weights_is_actor_only_and_loads_into_policy():
     weights = algo.make_learner("cpu").get_weights()
     assert all(isinstance(v, np.ndarray) for v in weights.values())
     assert all(k.startswith(("torso", "head")) for k in weights)
-    policy = make_policy(algo.cfg, algo.spec, 0, 1)
+    policy = algo.make_policy(0, 1, 0)
     policy.set_weights(weights, 5)
     assert policy.version == 5

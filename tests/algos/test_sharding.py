@@ -8,7 +8,7 @@ import torch
 from distrl.algos.sharding import ShardGradient, combine, local_gradient_fn, split_rows
 from distrl.config import load_config
 from distrl.envs import VectorEnv, env_spec
-from distrl.registry import algorithm_class, make_policy
+from distrl.roles.factory import make_algorithm, policy_seed
 from distrl.roles.rollout import Rollout
 
 CONFIGS = {"apex_dqn": "configs/apex_dqn_cartpole.yaml", "impala": "configs/impala_cartpole.yaml",
@@ -17,9 +17,9 @@ CONFIGS = {"apex_dqn": "configs/apex_dqn_cartpole.yaml", "impala": "configs/impa
 
 def learner_and_batch(algo: str, seed: int = 0):
     cfg = load_config(CONFIGS[algo], [f"seed={seed}"])
-    algorithm = algorithm_class(algo)(cfg, env_spec("CartPole-v1"))
+    algorithm = make_algorithm(cfg, env_spec("CartPole-v1"))
     learner = algorithm.make_learner("cpu")
-    policy = make_policy(cfg, algorithm.spec, 0, 1)
+    policy = algorithm.make_policy(0, 1, policy_seed(cfg, 0))
     policy.set_weights(learner.get_weights(), 0)
     frag = Rollout(policy, VectorEnv("CartPole-v1", 8, seed), 32, 0).sample()
     batch = dict(frag.data)

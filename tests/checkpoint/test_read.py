@@ -81,7 +81,8 @@ def test_flipped_byte_missing_file_bad_json(ckpt):
     assert_error(ckpt, "meta.json", "missing")
 
 
-@pytest.mark.parametrize("version, words", [(99, "newer"), (0, "older"), (None, "found None")])
+@pytest.mark.parametrize("version, words", [(99, "newer"), (0, "older"), (1, "resume it with the distrl that wrote it"),
+                                            (None, "found None")])
 def test_format_version_checks(ckpt, version, words):
     f = os.path.join(ckpt, "meta.json")
     with open(f) as fh:

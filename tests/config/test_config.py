@@ -1,14 +1,20 @@
 import dataclasses
 import glob
 import os
+import pickle
 import typing
 
 import pytest
+import yaml
 
-from distrl.config import Config, ConfigError, describe, dump_yaml, from_dict, load_config, read_yaml
+from distrl.config import (Config, ConfigError, config_class, describe, dump_yaml, from_dict, load_config,
+                           read_yaml, to_dict)
+from distrl.registry import ALGORITHMS, algorithm
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.yaml")))
+# Every config we ship: the examples and the benchmarks' own.
+CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.yaml")) + glob.glob(os.path.join(ROOT, "bench", "configs", "*.yaml")))
 
 
 def test_defaults_build():
@@ -55,6 +61,9 @@ def test_int_accepted_for_float_but_not_bool_for_int():
     (["replay.samples_per_insert=0"], "config key 'replay.samples_per_insert': must be > 0.0"),
     (["learner.updates_per_step=0.5"], "config key 'learner.updates_per_step' was replaced by replay.samples_per_insert"),
     (["replay.learning_starts=10"], "config key 'replay.learning_starts' was replaced by replay.min_size"),
+    (["apex_dqn.hidden=[32]"], "config key 'apex_dqn.hidden' was replaced by model.hidden"),
+    (["algo=dhc", "dhc.encoder=[]"], "config key 'dhc.encoder' was replaced by model.conv_channels"),
+    (["algo=r2d2", "r2d2.core=gru"], "config key 'r2d2.core' was replaced by model.core"),
     (["mode=turbo"], "config key 'mode': must be one of single, sync, async, got 'turbo'"),
     (["algo=ddpg"], "config key 'algo': unknown algorithm 'ddpg'"),
     (["env=3"], "config key 'env': expected a mapping"),
@@ -87,8 +96,10 @@ def test_round_trip_through_yaml(tmp_path):
     assert load_config(str(path)) == cfg
 
 
-def test_every_field_has_a_doc():
+@pytest.mark.parametrize("algo", ALGORITHMS)
+def test_every_field_has_a_doc(algo):
     seen = []
+    cls = config_class(algo)
 
     def walk(cls):
         seen.append(cls)
@@ -97,9 +108,15 @@ def test_every_field_has_a_doc():
             assert fl.metadata.get("doc"), f"{cls.__name__}.{fl.name} has no doc"
             if dataclasses.is_dataclass(hints[fl.name]):
                 walk(hints[fl.name])
-    walk(Config)
-    assert len(seen) == 1 + sum(dataclasses.is_dataclass(t) for t in typing.get_type_hints(Config).values())
-    assert any(line.startswith("replay.alpha = 0.6") for line in describe())
+    walk(cls)
+    assert len(seen) == 1 + sum(dataclasses.is_dataclass(t) for t in typing.get_type_hints(cls).values())
+    assert any(line.startswith(f"{algo}:  # ") for line in describe(cls))
+
+
+def test_describe_of_a_class_gives_its_defaults_with_the_algorithms_own():
+    lines = describe(config_class("apex_dqn"))
+    assert any(line.startswith("replay.alpha = 0.6  # priority exponent") for line in lines)
+    assert "model.hidden = [256, 256]  # " in "\n".join(describe(config_class("sac")))
 
 
 @pytest.mark.parametrize("algo, key", [("a2c", "epochs"), ("a2c", "clip"), ("a3c", "minibatches"),
@@ -111,10 +128,8 @@ def test_each_on_policy_section_takes_only_the_keys_its_algorithm_reads(algo, ke
 
 @pytest.mark.parametrize("path", CONFIGS, ids=os.path.basename)
 def test_every_shipped_config_runs_in_a_mode_its_algorithm_supports(path):
-    from distrl.registry import algorithm_class
-
     cfg = load_config(path)
-    assert cfg.mode in algorithm_class(cfg.algo).modes, (cfg.algo, cfg.mode)
+    assert cfg.mode in algorithm(cfg.algo).modes, (cfg.algo, cfg.mode)
 
 
 def test_from_dict_rejects_unknown_algo_section_key():
@@ -150,7 +165,7 @@ def fake_cluster(monkeypatch, *nodes):
 
     from distrl.runtime import ray_setup
 
-    monkeypatch.setattr(ray_setup, "init_ray", lambda address: None)
+    monkeypatch.setattr(ray_setup, "init_ray", lambda address, user_modules=None: None)
     monkeypatch.setattr(ray, "nodes", lambda: [{"Alive": True, "Resources": r} for r in nodes] +
                         [{"Alive": False, "Resources": {"slot": 100, "CPU": 100}}])
 
@@ -226,8 +241,9 @@ def test_time_fields_are_bounded_and_exponents_without_a_dot_are_numbers():
 
 
 def test_the_epsilon_keys_are_shared_but_keep_their_names_and_defaults():
-    from distrl.config.algorithms import ApexDQNConfig, DHCConfig, EpsilonGreedyConfig, R2D2Config
+    from distrl.algos.qlearning import EpsilonGreedyConfig
 
+    ApexDQNConfig, R2D2Config, DHCConfig = (algorithm(a).config for a in ("apex_dqn", "r2d2", "dhc"))
     names = ("eps", "eps_alpha", "eps_start", "eps_end", "eps_decay_steps")
     for cls in (ApexDQNConfig, R2D2Config, DHCConfig):
         assert issubclass(cls, EpsilonGreedyConfig)
@@ -243,3 +259,149 @@ def test_a_key_that_is_not_a_name_is_one_error(tmp_path):
     path.write_text("replay:\n  1: 2\n")
     with pytest.raises(ConfigError, match=r"^config key 'replay.1': a key must be a name, got 1$"):
         load_config(str(path))
+
+
+# --- a config holds the run's sections only --------------------------------------
+
+def test_another_algorithms_section_is_refused_naming_it(tmp_path):
+    with pytest.raises(ConfigError, match=r"^config key 'sac': a section of another algorithm; this config's "
+                                          r"algo is ppo") as err:
+        load_config(None, ["algo=ppo", "sac.tau=0.01"])
+    assert "\n" not in str(err.value)
+    path = tmp_path / "config.yaml"  # the same from a file, whatever the section's order
+    path.write_text("apex_dqn: {lr: 0.001}\nalgo: r2d2\n")
+    with pytest.raises(ConfigError, match=r"^config key 'apex_dqn': a section of another algorithm; this "
+                                          r"config's algo is r2d2"):
+        load_config(str(path))
+
+
+@pytest.mark.parametrize("algo, section", [("ppo", "replay"), ("a3c", "replay"), ("ppo", "sequence"),
+                                           ("apex_dqn", "sequence"), ("sac", "queue"), ("r2d2", "queue")])
+def test_a_data_section_the_algorithm_does_not_read_is_refused_naming_it(algo, section):
+    with pytest.raises(ConfigError) as err:
+        from_dict({"algo": algo, section: {}})  # even empty: it says the author expects it to matter
+    message = str(err.value)
+    assert message.startswith(f"config key '{section}': {algo} learns from {algorithm(algo).data_path} data "
+                              f"and reads no {section} section"), message
+    assert "\n" not in message
+
+
+def test_a_ppo_config_file_with_a_replay_section_is_refused(tmp_path):
+    path = tmp_path / "ppo.yaml"
+    path.write_text(open(os.path.join(ROOT, "configs", "ppo_cartpole.yaml")).read() + "replay:\n  capacity: 1000\n")
+    with pytest.raises(ConfigError, match=r"^config key 'replay': ppo learns from trajectory data"):
+        load_config(str(path))
+
+
+def test_a_model_given_in_part_keeps_the_algorithms_own_defaults(tmp_path):
+    ppo = load_config(None, ["algo=ppo", "model.hidden=[32]"]).model
+    assert (ppo.hidden, ppo.activation) == ([32], "tanh")  # an actor-critic's MLP is tanh
+    sac = load_config(None, ["algo=sac", "model.activation=elu"]).model
+    assert (sac.hidden, sac.activation) == ([256, 256], "elu")
+    path = tmp_path / "r2d2.yaml"  # a recurrent model keeps its core's defaults too
+    path.write_text("algo: r2d2\nmodel:\n  core_size: 32\n")
+    r2d2 = load_config(str(path)).model
+    assert (r2d2.hidden, r2d2.core, r2d2.core_size) == ([64], "lstm", 32)
+    dhc = load_config(None, ["algo=dhc", "model.hidden=[16]"]).model
+    assert (dhc.conv_channels, dhc.core, dhc.hidden) == ([32, 32], "gru", [16])
+    with pytest.raises(ConfigError, match="unknown config key 'model.core'"):  # a feedforward model has no core
+        load_config(None, ["algo=ppo", "model.core=gru"])
+
+
+@pytest.mark.parametrize("algo", ALGORITHMS)
+def test_an_algorithm_section_given_in_part_keeps_its_defaults(algo):
+    default = config_class(algo)()
+    cfg = load_config(None, [f"algo={algo}", f"{algo}.gamma=0.5"])
+    assert cfg.algo_config.gamma == 0.5
+    assert dataclasses.replace(cfg.algo_config, gamma=default.algo_config.gamma) == default.algo_config
+    assert cfg.model == default.model
+
+
+def test_the_config_a_run_dumps_holds_only_its_sections(tmp_path):
+    from distrl.api import train
+
+    run_dir = tmp_path / "run"
+    cfg = load_config(os.path.join(ROOT, "configs", "ppo_cartpole.yaml"),
+                      ["mode=single", "stop.max_env_steps=64", "log.progress=false", "log.tensorboard=false",
+                       "eval.episodes=1", "env.num_envs=2", "rollout.fragment_length=8"])
+    train(cfg, run_dir=str(run_dir))
+    dumped = yaml.safe_load((run_dir / "config.yaml").read_text())
+    run_sections = [fl.metadata.get("key", fl.name) for fl in dataclasses.fields(Config)]
+    assert list(dumped) == run_sections + ["queue", "model", "ppo"]
+    assert dumped["model"]["activation"] == "tanh" and dumped["ppo"] == to_dict(cfg.ppo)
+    assert load_config(str(run_dir / "config.yaml")) == cfg  # what a resume reads back
+
+
+def test_a_dumped_config_round_trips_for_every_algorithm(tmp_path):
+    for algo in ALGORITHMS:
+        cfg = load_config(None, [f"algo={algo}", "model.hidden=[8]", f"{algo}.gamma=0.9"])
+        assert set(yaml.safe_load(dump_yaml(cfg))) == set(to_dict(config_class(algo)()))
+        path = tmp_path / f"{algo}.yaml"
+        path.write_text(dump_yaml(cfg))
+        assert load_config(str(path)) == cfg
+
+
+def dotted_keys(cfg, prefix=""):
+    """(leaf keys, section keys) of a config instance, as the YAML names them."""
+    leaves, sections = set(), set()
+    for fl in dataclasses.fields(cfg):
+        name, value = prefix + fl.metadata.get("key", fl.name), getattr(cfg, fl.name)
+        if dataclasses.is_dataclass(value):
+            sections.add(name)
+            inner = dotted_keys(value, name + ".")
+            leaves |= inner[0]
+            sections |= inner[1]
+        else:
+            leaves.add(name)
+    return leaves, sections
+
+
+def test_describe_lists_every_key_of_the_resolved_config_with_its_doc():
+    cfg = load_config(os.path.join(ROOT, "configs", "sac_pendulum.yaml"), ["sac.tau=0.01", "model.hidden=[32]"])
+    lines = describe(cfg)
+    leaves, sections = dotted_keys(cfg)
+    assert {line.split(" = ")[0] for line in lines if " = " in line} == leaves
+    assert {line.split(":  # ")[0] for line in lines if " = " not in line} == sections
+    assert len(lines) == len(leaves) + len(sections)
+    assert all(line.split("  # ", 1)[1].strip() for line in lines), "a key without its doc"
+    assert "sac.tau = 0.01  # Polyak factor for the target critics" in lines  # the value resolved, not the default
+    assert "model.hidden = [32]  # layer sizes of the MLP torso ([] = the flattened observation)" in lines
+    assert "sac" in sections and not sections & {*ALGORITHMS, "queue", "sequence"} - {"sac"}
+
+
+def test_configs_pickle_by_value():
+    from ray import cloudpickle  # what carries a config to Ray actors
+
+    for algo in ALGORITHMS:
+        cfg = load_config(None, [f"algo={algo}", "seed=7", "model.hidden=[16]"])
+        for back in (pickle.loads(pickle.dumps(cfg)), cloudpickle.loads(cloudpickle.dumps(cfg))):
+            assert back == cfg and type(back) is config_class(algo) and back.algo_config == cfg.algo_config
+
+
+def test_a_config_class_is_made_once_per_algorithm_and_the_base_holds_only_run_sections():
+    assert config_class("ppo") is config_class("ppo") and issubclass(config_class("ppo"), Config)
+    assert type(load_config(None, ["algo=sac"])) is config_class("sac")
+    assert config_class("sac")() == load_config(None, ["algo=sac"])  # its defaults name its algorithm
+    assert not hasattr(Config(algo="sac"), "sac")  # the base is the run sections only
+
+
+def test_the_api_takes_a_base_config_as_its_algorithms_and_checks_a_built_one():
+    from distrl.api import resolve_config
+
+    cfg = resolve_config(Config(algo="ppo", mode="single", workers=3))
+    assert type(cfg) is config_class("ppo") and (cfg.mode, cfg.workers) == ("single", 3)
+    assert cfg.model.activation == "tanh" and cfg.ppo == config_class("ppo")().ppo
+    built = load_config(None, ["algo=sac"])
+    built.workers = 0  # set in code, past the parser
+    with pytest.raises(ConfigError, match="config key 'workers': must be >= 1, got 0"):
+        resolve_config(built)
+    with pytest.raises(ConfigError, match="config key 'algo': unknown algorithm 'ddpg'"):
+        resolve_config(Config(algo="ddpg"))
+
+
+def test_configs_share_no_mutable_default():
+    a, b = load_config(None, ["algo=sac"]), load_config(None, ["algo=sac"])
+    a.model.hidden.append(7)
+    a.env.kwargs["x"] = 1
+    assert b.model.hidden == [256, 256] and b.env.kwargs == {}
+    assert load_config(None, ["algo=sac"]).model.hidden == [256, 256] == algorithm("sac").model_defaults["hidden"]

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from distrl.cli import main
-from distrl.config import Config
+from distrl.config import config_class
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CARTPOLE = os.path.join(ROOT, "configs", "apex_dqn_cartpole.yaml")
@@ -23,7 +23,7 @@ TINY = ["stop.max_env_steps=512", "stop.max_seconds=30", "log.progress=false", "
 SKIP = {"mode", "algo"}  # other modes start Ray; other algorithms other envs: covered elsewhere
 
 
-def keys(cls=Config, prefix=""):
+def keys(cls=config_class("apex_dqn"), prefix=""):  # every key CARTPOLE's config has
     hints = typing.get_type_hints(cls)
     for fl in dataclasses.fields(cls):
         name = prefix + fl.metadata.get("key", fl.name)
@@ -97,7 +97,7 @@ def fake_ray(monkeypatch):
     from distrl.runtime import ray_setup
 
     address = {"now": None}
-    monkeypatch.setattr(ray_setup, "init_ray", lambda addr: address.update(now=addr))
+    monkeypatch.setattr(ray_setup, "init_ray", lambda addr, user_modules=None: address.update(now=addr))
     monkeypatch.setattr(ray, "nodes", lambda: [{"Alive": True, "Resources": r} for r in NODES[address["now"]]])
 
 

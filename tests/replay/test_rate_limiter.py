@@ -1,12 +1,11 @@
-"""The rate limiter's semantics (Reverb's SampleToInsertRatio) and that it cannot deadlock."""
+"""The rate limiter's semantics (Reverb's SampleToInsertRatio) and that it cannot deadlock. How a run sizes
+its buffer is the runtime's (tests/runtime/test_pacing.py)."""
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from distrl.config import load_config
 from distrl.replay.rate_limiter import RateLimiter
-from distrl.replay.store import error_buffer, items_per_gather, make_rate_limiter
 
 
 def test_nothing_is_sampled_before_min_size():
@@ -58,22 +57,6 @@ def test_a_deadlock_free_buffer_always_lets_one_side_move_and_holds_the_ratio(sp
         if lim.inserts >= min_size:
             dev = lim.diff - lim.offset
             assert -e - 1e-6 <= dev <= e + spi * max_insert + 1e-6
-
-
-def test_the_default_buffer_is_one_gather_of_inserts_plus_one_learner_block_and_deadlock_free():
-    cfg = load_config("configs/apex_dqn_cartpole.yaml", ["mode=sync", "workers=3"])
-    assert items_per_gather(cfg) == 3 * 16 * 16
-    e = error_buffer(cfg)
-    assert e == 16 * 3 * 256 + 512 * 8
-    assert RateLimiter.deadlock_free(16, e, cfg.learner.batch_size)
-    assert make_rate_limiter(cfg, exact=True).error_buffer == 0.0
-    assert error_buffer(load_config("configs/apex_dqn_cartpole.yaml", ["replay.error_buffer=123"])) == 123
-
-
-@pytest.mark.parametrize("mode", ["single", "async"])
-def test_one_fragment_per_gather_outside_sync(mode):
-    cfg = load_config("configs/sac_lunarlander_continuous.yaml", [f"mode={mode}"])
-    assert items_per_gather(cfg) == cfg.rollout.fragment_length * cfg.env.num_envs
 
 
 def drive(lim: RateLimiter, batch: int, steps: int = 20_000) -> bool:

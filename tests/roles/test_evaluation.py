@@ -44,9 +44,9 @@ def test_without_a_readable_best_json_the_rank_comes_from_the_weights_file(tmp_p
 
 def test_an_evaluation_hands_back_weights_only_when_it_beats_the_best_it_knows():
     cfg = load_config(os.path.join(ROOT, "configs", "apex_dqn_cartpole.yaml"), ["eval.episodes=2"])
-    from distrl.roles.factory import build_algorithm
+    from distrl.roles.factory import make_algorithm
 
-    weights = build_algorithm(cfg).make_learner("cpu").get_weights()
+    weights = make_algorithm(cfg).make_learner("cpu").get_weights()
     evaluation = make_evaluation(cfg, start_time=0.0, resume={"evaluations": 0, "best": (-np.inf, 1e9)})
     assert "weights" not in evaluation.evaluate(weights, 0)  # nothing reaches a return of 1e9
     evaluation = make_evaluation(cfg, start_time=0.0)

@@ -7,10 +7,9 @@ import numpy as np
 import torch
 
 from distrl.config import load_config
-from distrl.registry import make_policy
-from distrl.roles.experience import ExperienceServer
-from distrl.roles.factory import build_algorithm, make_rollout
+from distrl.roles.factory import make_algorithm, make_rollout, policy_seed
 from distrl.roles.learning import LearnerLoop, LocalIO
+from distrl.runtime.pacing import learner_loop, make_experience
 
 CONFIGS = os.path.join(os.path.dirname(__file__), "..", "..", "configs")
 APEX = ["learner.batch_size=32", "learner.batches_per_call=2", "learner.publish_interval=3"]
@@ -41,10 +40,10 @@ class RecordingIO(LocalIO):
 def wired(config: str, overrides: list[str], fragments: int) -> LearnerLoop:
     """A learner loop as single mode builds it, its first weights published, `fragments` sampled into its store."""
     cfg = load_config(os.path.join(CONFIGS, config), ["workers=1", *overrides])
-    algo = build_algorithm(cfg)
-    policy = make_policy(cfg, algo.spec, 0, 1)
-    experience = ExperienceServer(cfg)
-    loop = LearnerLoop(algo.make_learner("cpu"), cfg, RecordingIO(experience, policy))
+    algo = make_algorithm(cfg)
+    policy = algo.make_policy(0, 1, policy_seed(cfg, 0))
+    experience = make_experience(cfg)
+    loop = learner_loop(algo.make_learner("cpu"), cfg, RecordingIO(experience, policy))
     loop.publish()
     rollout = make_rollout(cfg, policy, cfg.seed, 0)
     for _ in range(fragments):
@@ -93,7 +92,7 @@ def test_weights_with_a_nan_are_never_published_nor_checkpointed():
     assert stats.poisoned and stats.version == 2 and stats.nonfinite == 2 and stats.updates == 0
     assert loop.io.versions() == sent == [0, 2]
     assert all(np.isfinite(w).all() for _, weights in loop.io.sent for w in weights.values())
-    assert np.isfinite(loop.io.policy.q_values(np.zeros((1, 4), np.float32))).all()
+    assert np.isfinite(loop.io.policy.forward(np.zeros((1, 4), np.float32), None)[0]["q"]).all()
 
 
 def test_state_and_torch_rng_round_trip_and_training_continues_identically():

@@ -1,17 +1,15 @@
 import numpy as np
 
-from distrl.registry import make_policy
-from distrl.algos.apex_dqn import ApexDQN
 from distrl.config import load_config
-from distrl.envs import env_spec
 from distrl.envs import VectorEnv
+from distrl.roles.factory import make_algorithm, policy_seed
 from distrl.roles.rollout import Rollout
 
 
 def make_rollout(seed=0, worker=0, num_envs=4, T=64):
-    cfg = load_config(None, [f"seed={seed}"])
-    algo = ApexDQN(cfg, env_spec("CartPole-v1"))
-    policy = make_policy(algo.cfg, algo.spec, worker, 2)
+    cfg = load_config(None, [f"seed={seed}"])  # Ape-X DQN on CartPole
+    algo = make_algorithm(cfg)
+    policy = algo.make_policy(worker, 2, policy_seed(cfg, worker))
     learner = algo.make_learner("cpu")
     policy.set_weights(learner.get_weights(), 0)
     return Rollout(policy, VectorEnv("CartPole-v1", num_envs, seed + worker), T, worker)

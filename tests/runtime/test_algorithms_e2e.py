@@ -18,8 +18,8 @@ CASES = [  # (config, mode, extra overrides)
     ("impala_cartpole", "sync", []), ("impala_cartpole", "async", []),
     ("ppo_cartpole", "single", []), ("a3c_cartpole", "single", []),
     ("a3c_cartpole", "async", ["a3c.max_staleness=0"]),
-    ("sac_pendulum", "sync", ["replay.samples_per_insert=32"]),
-    ("sac_pendulum", "async", ["replay.samples_per_insert=32"]),
+    ("sac_pendulum", "sync", ["replay.samples_per_insert=32", "replay.min_size=500"]),
+    ("sac_pendulum", "async", ["replay.samples_per_insert=32", "replay.min_size=500"]),
     ("r2d2_position_only_cartpole", "sync", ["replay.min_size=50"]),
     ("r2d2_position_only_cartpole", "async", ["replay.min_size=50"]),
     ("dhc_mapf_8x8", "sync", ["replay.min_size=50"]), ("dhc_mapf_8x8", "async", ["replay.min_size=50"]),
@@ -32,8 +32,7 @@ def test_algorithm_mode_end_to_end(request, tmp_path, config, mode, extra):
         request.getfixturevalue("ray_session")
     run_dir = str(tmp_path / "run")
     summary = train(os.path.join(ROOT, "configs", f"{config}.yaml"), run_dir=run_dir, overrides=[
-        f"mode={mode}", "workers=2", "stop.max_env_steps=3000", "eval.target_return=null",
-        "replay.min_size=500", *QUIET, *extra])
+        f"mode={mode}", "workers=2", "stop.max_env_steps=3000", "eval.target_return=null", *QUIET, *extra])
     assert summary["mode"] == mode and summary["stop_reason"] == "max_env_steps"
     assert summary["updates"] > 0 and summary["best_eval_return"] is not None
     assert json.load(open(os.path.join(run_dir, "summary.json")))["updates"] == summary["updates"]

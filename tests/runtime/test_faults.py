@@ -80,7 +80,7 @@ def best_return(run_dir: str) -> float | None:
         return None  # none yet (best.json is written whole, by a rename)
 
 
-HANG_TIMEOUT_S = 8  # fault.role_timeout_s of the runs below: above a role's start-up on a loaded machine
+HANG_TIMEOUT_S = 15  # fault.role_timeout_s of the runs below: above a role's start-up on a loaded machine (every role imports torch)
 
 
 def test_replay_server_and_evaluator_deaths_are_survived_and_a_hung_evaluator_ends_the_run(ray_session, tmp_path):

@@ -7,10 +7,9 @@ import pytest
 import torch
 
 from distrl import train
-from distrl.algos.apex_dqn import ApexDQN
 from distrl.checkpoint import load_weights
 from distrl.config import load_config
-from distrl.envs import env_spec
+from distrl.roles.factory import make_algorithm
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -20,7 +19,7 @@ QUIET = ["log.progress=false", "log.tensorboard=false", "eval.target_return=null
 
 
 def test_a_learner_on_the_gpu_publishes_cpu_numpy_weights():
-    algo = ApexDQN(load_config(CARTPOLE), env_spec("CartPole-v1"))
+    algo = make_algorithm(load_config(CARTPOLE))
     learner = algo.make_learner("cuda")
     assert next(learner.q.parameters()).is_cuda
     weights = learner.get_weights()

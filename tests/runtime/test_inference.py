@@ -11,7 +11,7 @@ import ray
 from distrl import train
 from distrl.config import ConfigError, load_config, to_dict
 from distrl.observe.report import run_report
-from distrl.roles.factory import build_algorithm
+from distrl.roles.factory import make_algorithm
 from distrl.runtime.actors import ParameterServer, RolloutWorker
 from distrl.runtime.inference import InferenceServer
 from tests.runtime.processes import kill_one_once_logging
@@ -46,13 +46,14 @@ def fragments(cfg, ps, server, fragments_each: int = 3) -> list[list[tuple]]:
     ("sac_pendulum.yaml", ["sac.random_steps=0"]),  # past the uniform warm-up: the actor's network acts
     ("impala_lunarlander.yaml", []),
     ("r2d2_position_only_cartpole.yaml", ["rollout.fragment_length=40"]),  # sequences complete: stored states
+    ("dhc_mapf_8x8.yaml", ["rollout.fragment_length=40", "env.num_envs=4"]),  # per-agent states, comm masks
 ])
 def test_central_inference_gives_the_fragments_local_inference_gives(ray_session, config, overrides):
     # A batch timeout far above a step's round trip: the server always waits for both workers' steps, so
     # how it batched does not depend on this machine's load.
     cfg = load_config(os.path.join(ROOT, "configs", config), ["mode=sync", "workers=2", "seed=3",
                                                               "rollout.batch_timeout_ms=5000", *overrides])
-    weights = build_algorithm(cfg).make_learner("cpu").get_weights()
+    weights = make_algorithm(cfg).make_learner("cpu").get_weights()
     ps = ParameterServer.remote()
     server = None
     try:
@@ -77,7 +78,7 @@ def test_central_inference_gives_the_fragments_local_inference_gives(ray_session
             if prio is not None:
                 np.testing.assert_allclose(prio_c, prio, rtol=1e-5, atol=1e-5)
     assert compared > 0
-    if cfg.algo == "r2d2":  # stored sequence-start states came from the server, and are not all zero
+    if cfg.algo in ("r2d2", "dhc"):  # stored sequence-start states came from the server, and are not all zero
         assert any(data["item/state"].any() for data, _ in central[0])
     # The workers step in lockstep through the server: every batch held one step of each.
     assert stats["batches"] > 0 and stats["requests"] == 2 * stats["batches"], stats
@@ -103,13 +104,13 @@ def test_a_sync_run_with_central_inference_learns_cartpole(ray_session, tmp_path
     assert_trace_has_every_lane(run_dir, run_lanes("sync", inference=True))
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["algo=a3c", "mode=async"], r"rollout\.inference.*a3c acts only in its workers"),
-    (["mode=single"], r"rollout\.inference.*only modes sync and async start Ray actors"),
+@pytest.mark.parametrize("config, overrides, message", [
+    ("a3c_cartpole.yaml", ["mode=async"], r"rollout\.inference.*a3c acts only in its workers"),
+    ("ppo_cartpole.yaml", ["mode=single"], r"rollout\.inference.*only modes sync and async start Ray actors"),
 ])
-def test_central_inference_where_it_cannot_run_is_refused(tmp_path, overrides, message):
+def test_central_inference_where_it_cannot_run_is_refused(tmp_path, config, overrides, message):
     with pytest.raises(ConfigError, match=message):
-        train(os.path.join(ROOT, "configs", "ppo_cartpole.yaml"), run_dir=str(tmp_path / "run"),
+        train(os.path.join(ROOT, "configs", config), run_dir=str(tmp_path / "run"),
               overrides=["rollout.inference=central", *overrides, *QUIET])
     assert not (tmp_path / "run").exists()
 

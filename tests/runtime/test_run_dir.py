@@ -220,7 +220,7 @@ def test_resume_falls_back_from_a_tampered_newest_checkpoint(killed_run, tmp_pat
 
 
 @pytest.mark.parametrize("override, key", [("replay.capacity=5000", "replay.capacity"),
-                                           ("apex_dqn.hidden=[32, 32]", "apex_dqn.hidden")])
+                                           ("model.hidden=[32, 32]", "model.hidden")])
 def test_an_override_the_checkpoint_cannot_take_is_one_line_exit_2(killed_run, tmp_path, capsys, override, key):
     run_dir = copy_run(killed_run, str(tmp_path / "run"))
     before = open(os.path.join(run_dir, "metrics.csv")).read()

@@ -1,0 +1,149 @@
+"""What Ape-X DQN, R2D2 and DHC share: their config keys, epsilon-greedy exploration, the dueling head,
+and a learner holding an online and a target network."""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from distrl.algos.common import adam, guarded_step, skipped
+from distrl.config.fields import f
+from distrl.models import to_numpy_weights
+
+
+@dataclass
+class EpsilonGreedyConfig:
+    """How the Q-learning algorithms' workers explore: Ape-X's fixed epsilon per worker when there are
+    several, one decaying epsilon for a single worker."""
+
+    eps: float = f(0.4, "Ape-X base epsilon: worker i uses eps^(1 + eps_alpha*i/(N-1))", lo=0.0, hi=1.0)
+    eps_alpha: float = f(7.0, "Ape-X epsilon spread exponent", lo=0.0)
+    eps_start: float = f(1.0, "single-worker epsilon at the start of its decay", lo=0.0, hi=1.0)
+    eps_end: float = f(0.02, "single-worker epsilon after the decay", lo=0.0, hi=1.0)
+    eps_decay_steps: int = f(5000, "worker env steps over which a single worker's epsilon decays", lo=1)
+
+
+@dataclass
+class QLearningConfig(EpsilonGreedyConfig):
+    """The Q head, its n-step target, and how the learner steps; each algorithm's section extends it and
+    keeps its own defaults by overriding a field."""
+
+    dueling: bool = f(True, "dueling value/advantage head")
+    double: bool = f(True, "double-DQN target (online argmax, target value)")
+    n_step: int = f(3, "steps in the n-step return", lo=1)
+    gamma: float = f(0.99, "discount factor", lo=0.0, hi=1.0)
+    lr: float = f(1e-3, "Adam learning rate", lo=0.0, lo_open=True)
+    target_update_interval: int = f(100, "updates between target-network copies", lo=1)
+    grad_clip: float | None = f(10.0, "max global gradient norm (null = no clipping)", lo=0.0, lo_open=True)
+
+
+def worker_epsilon(cfg: EpsilonGreedyConfig, worker_index: int, num_workers: int, env_steps: int) -> float:
+    """Ape-X's fixed per-worker epsilon, or a linear decay for a lone worker; 0 for the evaluator (-1)."""
+    if worker_index < 0:
+        return 0.0
+    if num_workers == 1:
+        frac = min(1.0, env_steps / cfg.eps_decay_steps)
+        return cfg.eps_start + frac * (cfg.eps_end - cfg.eps_start)
+    return cfg.eps ** (1.0 + cfg.eps_alpha * worker_index / (num_workers - 1))
+
+
+def epsilon_greedy(q: np.ndarray, epsilon: float, rng: np.random.Generator | None) -> np.ndarray:
+    """argmax over the last axis of `q`, each replaced with probability `epsilon` by a uniform action
+    (no RNG: greedy)."""
+    actions = q.argmax(axis=-1)
+    if rng is None or epsilon <= 0.0:
+        return actions
+    shape = actions.shape
+    random = rng.random(shape) < epsilon
+    return np.where(random, rng.integers(0, q.shape[-1], shape), actions)
+
+
+class DuelingHead(nn.Module):
+    """Q = V + A - mean(A) (Wang et al., 2016) over features on the last axis; A alone if not dueling."""
+
+    def __init__(self, in_features: int, num_actions: int, dueling: bool):
+        super().__init__()
+        self.advantage = nn.Linear(in_features, num_actions)
+        self.value = nn.Linear(in_features, 1) if dueling else None
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        adv = self.advantage(h)
+        if self.value is None:
+            return adv
+        return self.value(h) + adv - adv.mean(dim=-1, keepdim=True)
+
+
+class TargetNetworkState:
+    """The step, weights, checkpoint state and restore of a Q-learner holding `q`, `target`, `opt`, `updates`
+    and a config with `lr`, `grad_clip` and `target_update_interval`."""
+
+    def init_networks(self, build, device: str) -> None:
+        """Online and target networks from `build()` (the target a frozen copy), Adam on the online one."""
+        self.q = build().to(device)
+        self.target = build().to(device)
+        self.target.load_state_dict(self.q.state_dict())
+        self.target.requires_grad_(False)
+        self.opt = adam(self.q.parameters(), self.cfg.lr, device)
+        self.updates = 0
+
+    def optimize(self, loss) -> float | None:
+        """One guarded optimizer step on `loss` (see `guarded_step`), then the periodic hard target copy;
+        the grad norm, or None when the loss or gradient was not finite and nothing changed."""
+        norm = guarded_step(self.opt, self.q.parameters(), loss, self.cfg.grad_clip)
+        if norm is None:
+            return None
+        self.updates += 1
+        if self.updates % self.cfg.target_update_interval == 0:
+            self.target.load_state_dict(self.q.state_dict())
+        return norm
+
+    def get_weights(self):
+        return to_numpy_weights(self.q)
+
+    def state_dict(self) -> dict:
+        # Deep copy: torch hands out live tensors, which a checkpoint must not alias.
+        return copy.deepcopy({"q": self.q.state_dict(), "target": self.target.state_dict(),
+                              "opt": self.opt.state_dict(), "updates": self.updates})
+
+    def load_state_dict(self, state: dict) -> None:
+        self.q.load_state_dict(state["q"])
+        self.target.load_state_dict(state["target"])
+        self.opt.load_state_dict(state["opt"])
+        self.updates = int(state["updates"])
+
+
+class SequenceQLearner(TargetNetworkState):
+    """A Q-learner on time-major sequences of burn_in + length + n_step steps (R2D2, DHC): the steps
+    it unrolls without gradient, trains on, and bootstraps from. Subclasses name `priorities(abs_td,
+    live, eta)`, each item's new priority from its trained entries."""
+
+    def __init__(self, algo, device: str):
+        self.cfg, self.device = algo.cfg, device
+        self.burn_in, self.length = int(algo.sequence.burn_in), int(algo.sequence.length)
+        self.seq_len = self.burn_in + self.length + int(self.cfg.n_step)
+        self.init_networks(algo.build_network, device)
+
+    def check_steps(self, steps: int) -> None:
+        """Refuse sequences cut for another layout (a policy and learner built from different configs)."""
+        if steps != self.seq_len:
+            raise ValueError(f"sequences of {steps} steps, the learner expects burn_in + length + "
+                             f"n_step = {self.seq_len}: the policy and learner disagree on cfg.sequence")
+
+    def step_and_report(self, loss, td, q_taken, live) -> dict:
+        """One guarded step on `loss`, then the update's stats; `td`, `q_taken` and `live` (1 on the
+        trained entries, 0 elsewhere) are tensors of one shape, the means are over the trained entries."""
+        grad_norm = self.optimize(loss)
+        if grad_norm is None:  # a non-finite loss or gradient: no step, and no priorities from it
+            return skipped(loss)
+        live, abs_td = live.cpu().numpy(), td.abs().cpu().numpy()
+        real = max(float(live.sum()), 1.0)
+        return {
+            "loss": loss.item(),
+            "q_mean": float((q_taken.cpu().numpy() * live).sum() / real),
+            "td_abs_mean": float((abs_td * live).sum() / real),
+            "grad_norm": grad_norm,
+            "priorities": self.priorities(abs_td, live, self.cfg.priority_eta),
+        }

@@ -1,0 +1,66 @@
+"""The run-mode decisions about data: what one gather inserts, how far the rate limiter lets either
+side run ahead, how many fragments an on-policy update takes and how often weights are published,
+and the experience store and learner loop they shape."""
+from __future__ import annotations
+
+from distrl.config import Config
+from distrl.registry import algorithm, on_policy
+from distrl.replay.rate_limiter import RateLimiter
+from distrl.replay.store import Take, make_store
+from distrl.roles.experience import ExperienceServer
+from distrl.roles.learning import LearnerLoop
+
+
+def sequence_length(cfg: Config) -> int:
+    """Steps of a stored sequence: burn-in, trained steps, then n-step bootstrap steps."""
+    seq = cfg.sequence
+    return seq.burn_in + seq.length + cfg.algo_config.n_step
+
+
+def items_per_gather(cfg: Config) -> int:
+    """Items one gather is expected to insert: every worker's fragment in sync mode, about one otherwise."""
+    frag = cfg.rollout.fragment_length * cfg.env.num_envs
+    if algorithm(cfg.algo).data_path == "sequence":
+        frag = -(-frag // cfg.sequence.period)
+    return frag * (cfg.workers if cfg.mode == "sync" else 1)
+
+
+def error_buffer(cfg: Config) -> float:
+    """The rate limiter's buffer: the config's, or one gather of inserts plus one learner block."""
+    if cfg.replay.error_buffer is not None:
+        return cfg.replay.error_buffer
+    lc = cfg.learner
+    return cfg.replay.samples_per_insert * items_per_gather(cfg) + lc.batch_size * lc.batches_per_call
+
+
+def make_rate_limiter(cfg: Config, inserts: int = 0, samples: int = 0, exact: bool = False) -> RateLimiter:
+    """The run's limiter at these counts; `exact` drops the buffer (for ending a run on the ratio)."""
+    r = cfg.replay
+    return RateLimiter(r.samples_per_insert, r.min_size, 0.0 if exact else error_buffer(cfg), inserts, samples)
+
+
+def fragments_per_update(cfg: Config) -> int:
+    """On-policy batch size in fragments: one per worker unless the config says otherwise."""
+    if algorithm(cfg.algo).data_path == "gradients":
+        return 1  # each gradient message is applied on its own
+    if cfg.learner.fragments_per_update:
+        return cfg.learner.fragments_per_update
+    return 1 if cfg.mode == "single" else cfg.workers
+
+
+def make_experience(cfg: Config) -> ExperienceServer:
+    """The run's experience store, and what its learner takes from it per request."""
+    path = algorithm(cfg.algo).data_path
+    replayed = path in ("replay", "sequence")
+    store = make_store(path, cfg.replay if replayed else None, 0 if replayed else cfg.queue.capacity,
+                       sequence_length(cfg) if path == "sequence" else 0, cfg.seed)
+    lc = cfg.learner
+    return ExperienceServer(store, Take(lc.batch_size, lc.batches_per_call, fragments_per_update(cfg)))
+
+
+def learner_loop(learner, cfg: Config, io) -> LearnerLoop:
+    """The learner's loop: on-policy data must come from the newest weights, so those algorithms publish
+    after every update and never prefetch; replay algorithms publish every `learner.publish_interval`."""
+    if on_policy(cfg.algo):
+        return LearnerLoop(learner, io, publish_interval=1, prefetch=False)
+    return LearnerLoop(learner, io, cfg.learner.publish_interval, prefetch=True)

@@ -1,0 +1,91 @@
+"""The run-mode decisions about data (distrl/runtime/pacing.py): what a gather inserts, the rate limiter's
+buffer, what an update takes, and the store and learner loop they shape. No Ray: plain functions of a config."""
+import os
+
+import numpy as np
+import pytest
+
+from distrl.config import load_config
+from distrl.replay import ReplayBuffer
+from distrl.replay.fifo import FragmentQueue
+from distrl.replay.rate_limiter import RateLimiter
+from distrl.replay.sequence_replay import SequenceReplay
+from distrl.runtime.pacing import (error_buffer, fragments_per_update, items_per_gather, learner_loop, make_experience,
+                                   make_rate_limiter, sequence_length)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def config(name: str, *overrides: str):
+    return load_config(os.path.join(ROOT, "configs", name), list(overrides))
+
+
+def test_the_default_buffer_is_one_gather_of_inserts_plus_one_learner_block_and_deadlock_free():
+    cfg = config("apex_dqn_cartpole.yaml", "mode=sync", "workers=3")
+    assert items_per_gather(cfg) == 3 * 16 * 16
+    e = error_buffer(cfg)
+    assert e == 16 * 3 * 256 + 512 * 8
+    assert RateLimiter.deadlock_free(16, e, cfg.learner.batch_size)
+    assert make_rate_limiter(cfg, exact=True).error_buffer == 0.0
+    assert error_buffer(config("apex_dqn_cartpole.yaml", "replay.error_buffer=123")) == 123
+
+
+@pytest.mark.parametrize("mode", ["single", "async"])
+def test_one_fragment_per_gather_outside_sync(mode):
+    cfg = config("sac_lunarlander_continuous.yaml", f"mode={mode}")
+    assert items_per_gather(cfg) == cfg.rollout.fragment_length * cfg.env.num_envs
+
+
+def test_a_sequence_gather_counts_sequences_and_a_sequence_is_burn_in_trained_and_bootstrap_steps():
+    cfg = config("r2d2_repeat_previous.yaml", "mode=sync", "workers=2", "rollout.fragment_length=20",
+                 "env.num_envs=3", "sequence.period=8", "sequence.burn_in=4", "sequence.length=10", "r2d2.n_step=5")
+    assert items_per_gather(cfg) == 2 * -(-20 * 3 // 8)  # one sequence starts every `period` steps, rounded up
+    assert sequence_length(cfg) == 4 + 10 + 5
+
+
+def test_a_limiter_resumes_from_its_counts():
+    cfg = config("apex_dqn_cartpole.yaml")
+    lim = make_rate_limiter(cfg, inserts=5000, samples=700)
+    assert (lim.inserts, lim.samples, lim.min_size) == (5000, 700, cfg.replay.min_size)
+    assert lim.samples_per_insert == cfg.replay.samples_per_insert and lim.error_buffer == error_buffer(cfg)
+
+
+@pytest.mark.parametrize("name, overrides, fragments", [
+    ("ppo_cartpole.yaml", ["mode=sync", "workers=3"], 3),     # one per worker
+    ("ppo_cartpole.yaml", ["mode=single", "workers=3"], 1),   # single mode runs one worker
+    ("ppo_cartpole.yaml", ["mode=sync", "learner.fragments_per_update=5"], 5),
+    ("a3c_cartpole.yaml", ["mode=async", "workers=3", "learner.fragments_per_update=5"], 1),  # a gradient each
+])
+def test_an_on_policy_update_takes_a_fragment_per_worker_unless_told(name, overrides, fragments):
+    assert fragments_per_update(config(name, *overrides)) == fragments
+
+
+def test_each_data_path_gets_its_store_sized_by_its_sections():
+    replay = make_experience(config("apex_dqn_cartpole.yaml", "replay.capacity=1234", "learner.batch_size=32"))
+    assert type(replay.store) is ReplayBuffer and replay.store.capacity == 1234
+    assert (replay.take.batch_size, replay.take.batches_per_call) == (32, 8)
+    r2d2 = config("r2d2_repeat_previous.yaml")
+    seq = make_experience(r2d2)
+    assert type(seq.store) is SequenceReplay and seq.store.sequence_length == sequence_length(r2d2)
+    fifo = make_experience(config("ppo_cartpole.yaml", "mode=sync", "workers=2", "queue.capacity=3"))
+    assert type(fifo.store) is FragmentQueue and fifo.store.capacity == 3 and fifo.take.fragments == 2
+
+
+def test_an_on_policy_update_takes_whole_fragments_from_the_fifo():
+    experience = make_experience(config("ppo_cartpole.yaml", "mode=sync", "workers=2"))
+    assert experience.next_block(8) is None  # nothing until every worker's fragment is in
+    for i in range(2):
+        experience.add({"obs": np.full((4, 3, 1), i, np.float32)}, None)
+    batches, indices, weights = experience.next_block(8)
+    assert batches["obs"].shape == (1, 4, 6, 1) and indices is None and weights is None  # one update, envs side by side
+    assert len(experience) == 0
+
+
+@pytest.mark.parametrize("name, publish_interval, prefetch", [
+    ("apex_dqn_cartpole.yaml", 8, True), ("r2d2_repeat_previous.yaml", None, True),
+    ("ppo_cartpole.yaml", 1, False), ("a3c_cartpole.yaml", 1, False), ("impala_cartpole.yaml", 1, False)])
+def test_on_policy_learners_publish_every_update_and_never_prefetch(name, publish_interval, prefetch):
+    cfg = config(name)
+    loop = learner_loop(learner=None, cfg=cfg, io=None)
+    assert loop.publish_interval == (publish_interval or cfg.learner.publish_interval)
+    assert loop.prefetch is prefetch
