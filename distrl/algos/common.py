@@ -143,7 +143,11 @@ def guarded_step(opt, params, loss=None, clip: float | None = None) -> float | N
         if not bool(torch.isfinite(loss)):
             return None
         loss.backward()
-    norm = torch.nn.utils.clip_grad_norm_(params, clip if clip else math.inf, foreach=True)
+    if clip:
+        norm = torch.nn.utils.clip_grad_norm_(params, clip, foreach=True)
+    else:  # the norm alone: clip_grad_norm_ would also scale every gradient by 1
+        grads = [p.grad for p in params if p.grad is not None]
+        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))) if grads else torch.zeros(())
     if not bool(torch.isfinite(norm)):
         opt.zero_grad(set_to_none=True)
         return None
@@ -157,7 +161,14 @@ def skipped(loss) -> dict:
 
 
 def adam(params, lr: float, device: str) -> torch.optim.Adam:
-    # The fused kernel takes one launch for all parameters: small networks are launch-bound.
+    """Adam over `params` (tensors, or param groups with their own "lr"); groups of one learning rate are
+    merged: the fused kernel takes one launch per group, and small networks are launch-bound."""
+    params = list(params)
+    if params and isinstance(params[0], dict):
+        by_lr: dict[float, list] = {}
+        for group in params:
+            by_lr.setdefault(group.get("lr", lr), []).extend(group["params"])
+        params = [{"params": ps, "lr": group_lr} for group_lr, ps in by_lr.items()]
     return torch.optim.Adam(params, lr=lr, fused=device.startswith(("cpu", "cuda")))
 
 

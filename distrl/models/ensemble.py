@@ -42,8 +42,9 @@ class StackedMLP(nn.Module):
 
     def forward(self, obs: torch.Tensor, detach_params: bool = False) -> torch.Tensor:
         x = self.scale(obs).flatten(1).expand(self.copies, -1, -1)
+        act = self.activation.forward  # the module's own forward: no hook dispatch per layer
         for layer in self.layers:
-            x = self.activation(layer(x, detach_params))
+            x = act(layer.forward(x, detach_params))
         return x
 
 
