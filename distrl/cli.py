@@ -166,7 +166,8 @@ def cmd_eval(args) -> int:
 
 
 def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split())
+    """The message on one line, printable whatever it quotes (a lone surrogate becomes an escape)."""
+    return " ".join(str(e).split()).encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def main(argv: list[str] | None = None) -> int:
