@@ -265,7 +265,7 @@ def test_a_run_whose_learner_cannot_start_in_time_is_one_line_and_leaves_nothing
     ray.get(holder.node.remote(), timeout=60)
     run_dir = tmp_path / "run"
     try:
-        code = main(["train", PPO, "--address", cluster.address, "--run-dir", str(run_dir),
+        code = main(["train", PPO, "--mode", "sync", "--address", cluster.address, "--run-dir", str(run_dir),
                      "--set", "placement.learner={node_a: 1}", "--set", "fault.role_timeout_s=3",
                      "--set", "learner.num_gradient_workers=2", "--set", "placement.gradient_workers={worker_slot: 1}"])
     finally:
