@@ -42,6 +42,9 @@ class EnvSpec:
     observation_space: Any
     action_space: Any
     num_agents: int = 1
+    frame_stack: int = 0
+    """Observations are stacks of this many frames on their first axis, each step's stack the previous one
+    shifted by a frame (gymnasium's FrameStackObservation); 0: they are not. Replay then stores each frame once."""
 
 
 @dataclass
