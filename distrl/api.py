@@ -33,20 +33,23 @@ def host_worker_limit() -> int:
     return max(1, min(WORKERS_PER_CORE * cores, free_mb // WORKER_MB))
 
 
-def validate(cfg: Config, address: str | None = None) -> None:
-    """Everything about a config that can be checked before a run dir exists (`address`: a cluster to join)."""
+def validate(cfg: Config, address: str | None = None, resuming: bool = False) -> None:
+    """Everything about a config that can be checked before a run dir exists (`address`: a cluster to join;
+    `resuming`: a run that wrote before, whose log.dataset may exist)."""
     from distrl.envs import EnvError, check_env
     from distrl.registry import algorithm
 
     algo = algorithm(cfg.algo)
     try:
-        spec = _check_multiagent_env(cfg) if algo.multi_agent else check_env(cfg.env.id, cfg.env.kwargs)
+        spec = _check_multiagent_env(cfg) if algo.multi_agent else check_env(
+            cfg.env.id, cfg.env.kwargs, wrappers=cfg.env.wrappers, preset=cfg.env.preset)
     except EnvError as e:
         raise ConfigError(str(e)) from None
     problem = algo.check_spec(spec)
     if problem:
         raise ConfigError(f"config key 'algo': {problem} ({cfg.env.id})")
     _check_torsos(cfg, spec)
+    _check_datasets(cfg, algo, spec, resuming)
     if cfg.mode not in algo.modes:
         raise ConfigError(f"config key 'mode': {cfg.algo} does not support mode {cfg.mode!r} "
                           f"(supported: {', '.join(algo.modes)})")
@@ -61,6 +64,9 @@ def validate(cfg: Config, address: str | None = None) -> None:
                           f"cluster; it can host {limit} ({WORKERS_PER_CORE} per core, within free memory). "
                           "Use fewer, or --address to join a Ray cluster")
     _check_ray_only(cfg)
+    from distrl.roles.filming import check_outputs  # issue 28: log.wandb / log.mlflow installed, videos renderable
+
+    check_outputs(cfg)
     if cfg.mode != "single":  # single mode starts no Ray: placement does not apply
         _check_placement_amounts(cfg)
         from distrl.runtime.ray_setup import check_placement
@@ -68,10 +74,12 @@ def validate(cfg: Config, address: str | None = None) -> None:
         check_placement(cfg, address)  # last: it joins (or starts) the Ray the run will use
 
 
-def _check_replay(cfg: Config, spec, on_this_machine: bool) -> None:
-    """A batch the replay can hold, a rate limiter that cannot stall, a capacity the machine can hold."""
+def _check_replay(cfg: Config, spec, on_this_machine: bool, memory: int | None = None) -> None:
+    """A batch the replay can hold, a rate limiter that cannot stall, a capacity the machine (`memory` bytes,
+    by default its physical memory) can hold."""
     from distrl.registry import algorithm
     from distrl.replay.rate_limiter import RateLimiter
+    from distrl.replay.sizing import flat_item_bytes, sequence_step_bytes
     from distrl.runtime.pacing import error_buffer
 
     r, batch = cfg.replay, cfg.learner.batch_size
@@ -84,11 +92,13 @@ def _check_replay(cfg: Config, spec, on_this_machine: bool) -> None:
         raise ConfigError(f"config key 'replay.error_buffer': {r.error_buffer:g} is too small: with "
                           f"replay.samples_per_insert={r.samples_per_insert:g} and learner.batch_size={batch} the "
                           f"learner and the workers can both block for ever; the smallest that works is {least:g}")
-    memory = _physical_memory()
+    memory = _physical_memory() if memory is None else memory
     if on_this_machine and memory:  # on a cluster the replay server's node may have more
-        size = stored_obs_bytes(spec.observation_space) * spec.num_agents
-        # A lower bound: a transition holds obs and next_obs and a generation; a sequence step its obs.
-        per_item = 2 * size + 8 if algorithm(cfg.algo).data_path == "replay" else size
+        # What the store allocates per unit of capacity: frames once when observations stack them.
+        obs, act, stack, agents = spec.observation_space, spec.action_space, spec.frame_stack, spec.num_agents
+        per_item = flat_item_bytes(obs, act, r.capacity, stack, agents, r.prioritized) \
+            if algorithm(cfg.algo).data_path == "replay" \
+            else sequence_step_bytes(obs, act, cfg.sequence.chunk_length, stack, agents)
         if r.capacity * per_item > memory:
             raise ConfigError(f"config key 'replay.capacity': {r.capacity} items need at least "
                               f"{_gib(r.capacity * per_item)} ({per_item} bytes each for {cfg.env.id}); this "
@@ -97,10 +107,44 @@ def _check_replay(cfg: Config, spec, on_this_machine: bool) -> None:
 
 def stored_obs_bytes(space) -> int:
     """Bytes of one observation as replay stores it: floats as float32, anything else in its own dtype."""
-    import numpy as np
+    from distrl.replay.sizing import stored_bytes
 
-    dtype = np.dtype(space.dtype or np.float32)
-    return int(np.prod(space.shape or (1,))) * (4 if dtype.kind == "f" else dtype.itemsize)
+    return stored_bytes(space)
+
+
+def _check_datasets(cfg: Config, algo, spec, resuming: bool) -> None:
+    """An offline algorithm has a dataset that fits the env and the replay; log.dataset can be written."""
+    from distrl.data.datasets import DatasetError, check_new_name, dataset_info, space_mismatch
+    from distrl.registry import with_capability
+
+    offline, dataset = algo.offline, cfg.data.dataset
+    if offline and not dataset:
+        raise ConfigError(f"config key 'data.dataset': {cfg.algo} learns from a dataset only: set data.dataset "
+                          "(record one with `distrl record`, or with log.dataset in a training run)")
+    if dataset and not offline:
+        raise ConfigError(f"config key 'data.dataset': {cfg.algo} learns from its own workers (algorithms that "
+                          f"learn from a dataset: {', '.join(with_capability('offline'))})")
+    if dataset and cfg.mode == "async":
+        raise ConfigError("config key 'mode': an offline run has no workers to wait for: use single or sync")
+    try:
+        if dataset:
+            obs_space, act_space, steps = dataset_info(dataset)
+            problem = space_mismatch(obs_space, spec.observation_space, "observation") or \
+                space_mismatch(act_space, spec.action_space, "action")
+            if problem:
+                raise DatasetError(f"dataset {dataset}: {problem} ({cfg.env.id})")
+            if steps > cfg.replay.capacity:
+                raise DatasetError(f"dataset {dataset} holds {steps} steps, more than replay.capacity "
+                                   f"({cfg.replay.capacity}): raise it to hold them all")
+    except DatasetError as e:
+        raise ConfigError(f"config key 'data.dataset': {e}") from None
+    if cfg.log.dataset and not resuming:
+        if algo.multi_agent:
+            raise ConfigError(f"config key 'log.dataset': {cfg.algo}'s multi-agent episodes are not recorded")
+        try:
+            check_new_name(cfg.log.dataset)
+        except DatasetError as e:
+            raise ConfigError(f"config key 'log.dataset': {e}") from None
 
 
 def _check_torsos(cfg: Config, spec) -> None:
@@ -169,6 +213,9 @@ def _check_multiagent_env(cfg: Config):
     from distrl.envs import EnvError
     from distrl.envs.multiagent import make_multiagent_env
 
+    if cfg.env.wrappers or cfg.env.preset != "none":
+        key = "env.wrappers" if cfg.env.wrappers else "env.preset"
+        raise EnvError(f"config key '{key}': multi-agent envs take no gymnasium wrappers or preset")
     env = make_multiagent_env(cfg.env.id, cfg.env.kwargs)
     try:
         env.reset(seed=0)
@@ -262,24 +309,14 @@ def resume(run_dir: str, *, overrides: list[str] | None = None, address: str | N
         raise ConfigError(f"run dir not found: {run_dir}")
     if not os.path.isdir(os.path.join(run_dir, "checkpoints")):
         raise ConfigError(f"{run_dir} is not a distrl run dir (no checkpoints/)")
-    return resume_run(run_dir, overrides or [], address, lambda cfg: validate(cfg, address))
+    return resume_run(run_dir, overrides or [], address, lambda cfg: validate(cfg, address, resuming=True))
 
 
-def evaluate(run_dir: str, episodes: int = 20, seed: int = 12345) -> dict[str, Any]:
-    """Greedy episodes with a run's best checkpoint: {"env", "returns", "mean", "std", "version"}.
-
-    Raises ConfigError / CheckpointError on a missing run dir or a bad checkpoint.
-    """
-    import numpy as np
-
+def _best_policy(run_dir: str, cfg: Config):
+    """The run's greedy policy (the evaluator's) loaded with its best checkpoint, and that checkpoint's meta."""
     from distrl.checkpoint import CheckpointError, load_weights
-    from distrl.registry import algorithm
-    from distrl.roles.evaluation import episode_metrics, play_greedy
     from distrl.roles.factory import acting_policy
 
-    if episodes < 1:
-        raise ConfigError(f"episodes must be >= 1, got {episodes}")
-    cfg = _run_config(run_dir)
     weights, meta = load_weights(os.path.join(run_dir, "checkpoints", "best.safetensors"))
     policy = acting_policy(cfg, -1, 1)
     try:
@@ -287,6 +324,68 @@ def evaluate(run_dir: str, episodes: int = 20, seed: int = 12345) -> dict[str, A
     except RuntimeError as e:  # torch's strict load: a network built by other code or another config
         raise CheckpointError(f"{run_dir}/checkpoints/best.safetensors does not fit the network of its "
                               f"config.yaml: {str(e).splitlines()[0][:200]}") from None
-    returns, infos = play_greedy(policy, cfg.env.id, episodes, seed, cfg.env.kwargs, multi_agent=algorithm(cfg.algo).multi_agent)
-    return {"env": cfg.env.id, "returns": returns.tolist(), "mean": float(np.mean(returns)),
+    return policy, meta
+
+
+def evaluate(run_dir: str, episodes: int = 20, seed: int = 12345, video: str | None = None) -> dict[str, Any]:
+    """Greedy episodes with a run's best checkpoint: {"env", "returns", "mean", "std", "version"}; `video`:
+    an mp4 path to film them into, one after another (then "frames" too).
+
+    Raises ConfigError / CheckpointError on a missing run dir or a bad checkpoint (VideoError, a ConfigError,
+    on an env without rgb_array rendering).
+    """
+    import numpy as np
+
+    from distrl.registry import algorithm
+    from distrl.roles.evaluation import episode_metrics, play_greedy
+
+    if episodes < 1:
+        raise ConfigError(f"episodes must be >= 1, got {episodes}")
+    cfg = _run_config(run_dir)
+    policy, meta = _best_policy(run_dir, cfg)
+    multi_agent, frames = algorithm(cfg.algo).multi_agent, None
+    if video is not None:  # issue 28: `distrl eval --video`
+        from distrl.roles.filming import film_greedy
+
+        returns, infos, frames = film_greedy(policy, cfg.env, episodes, seed, video, multi_agent)
+    else:
+        returns, infos = play_greedy(policy, cfg.env.id, episodes, seed, cfg.env.kwargs, multi_agent=multi_agent,
+                                     wrappers=cfg.env.wrappers, preset=cfg.env.preset)
+    return {"env": cfg.env.id, "returns": returns.tolist(), "mean": float(np.mean(returns)), "frames": frames,
             "std": float(np.std(returns)), "version": meta.get("version"), "metrics": episode_metrics(infos)}
+
+
+def record(run_dir: str, episodes: int, output: str, epsilon: float = 0.0, explore: bool = False,
+           seed: int = 12345) -> dict[str, Any]:
+    """Play a run's best checkpoint for `episodes` whole episodes into a new Minari dataset at `output`
+    (greedy, or with its own exploration, or epsilon-random actions): {"dataset", "episodes", "steps",
+    "return_mean", "return_std"}. Raises ConfigError / CheckpointError on bad input."""
+    import numpy as np
+
+    from distrl.config import to_dict
+    from distrl.data.datasets import DatasetError, DatasetWriter, check_new_name
+    from distrl.registry import algorithm
+    from distrl.roles.factory import spec_of
+    from distrl.roles.recording import play_episodes
+
+    if episodes < 1:
+        raise ConfigError(f"--episodes must be >= 1, got {episodes}")
+    if not 0.0 <= epsilon <= 1.0:
+        raise ConfigError(f"--epsilon must be in [0, 1], got {epsilon}")
+    cfg = _run_config(run_dir)
+    if algorithm(cfg.algo).multi_agent:
+        raise ConfigError(f"{run_dir}: {cfg.algo}'s multi-agent episodes cannot be recorded")
+    try:
+        check_new_name(output)
+    except DatasetError as e:
+        raise ConfigError(str(e)) from None
+    policy, meta = _best_policy(run_dir, cfg)
+    played = play_episodes(policy, cfg.env, episodes, seed, epsilon, explore)
+    spec = spec_of(cfg.env, multi_agent=False)
+    writer = DatasetWriter(output, spec.observation_space, spec.action_space, {
+        "source": "record", "algo": cfg.algo, "env": cfg.env.id, "seed": seed, "run_dir": os.path.abspath(run_dir),
+        "checkpoint_version": meta.get("version"), "epsilon": epsilon, "explore": explore, "config": to_dict(cfg)})
+    writer.add(played)
+    returns = np.array([ep.rewards.sum() for ep in played])
+    return {"dataset": writer.path, "episodes": len(played), "steps": int(sum(len(ep.actions) for ep in played)),
+            "return_mean": float(returns.mean()), "return_std": float(returns.std())}

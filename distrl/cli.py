@@ -1,4 +1,4 @@
-"""`distrl train | resume | eval | config | timeline | report | plot`: the command line. User mistakes -> one line on stderr, exit 2."""
+"""`distrl train | resume | eval | record | config | timeline | report | plot | tune`: the command line. User mistakes -> one line on stderr, exit 2."""
 from __future__ import annotations
 
 import time
@@ -49,7 +49,19 @@ def _resume_parser(sub) -> None:
 def _eval_parser(sub) -> None:
     p = sub.add_parser("eval", help="greedy evaluation of a run's best checkpoint")
     p.add_argument("run_dir")
-    p.add_argument("--episodes", type=int, default=20)
+    p.add_argument("--episodes", type=int, default=None, help="greedy episodes (default 20; 1 with --video)")
+    p.add_argument("--seed", type=int, default=12345)
+    p.add_argument("--video", metavar="FILE.mp4", help="film the episodes, one after another, into this mp4")
+
+
+def _record_parser(sub) -> None:
+    p = sub.add_parser("record", help="play a run's best checkpoint into a Minari dataset")
+    p.add_argument("run_dir")
+    p.add_argument("--episodes", type=int, required=True)
+    p.add_argument("-o", "--output", required=True, metavar="DATASET",
+                   help="the new dataset's directory, named like name-vN (Minari's dataset ids)")
+    p.add_argument("--epsilon", type=float, default=0.0, help="replace each action by a random one with this probability")
+    p.add_argument("--explore", action="store_true", help="act with the policy's own exploration (sampling)")
     p.add_argument("--seed", type=int, default=12345)
 
 
@@ -58,6 +70,49 @@ def _config_parser(sub) -> None:
     p.add_argument("config", help="YAML config file (see configs/)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. --set ppo.lr=1e-3 (repeatable)")
+
+
+def _tune_parser(sub) -> None:  # issue 28
+    p = sub.add_parser("tune", help="a hyperparameter sweep on Ray Tune: each trial a run, a table at the end")
+    p.add_argument("config", nargs="?", help="YAML config file (not with --resume)")
+    p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
+                   help="values to try for a config key (repeatable: the grid is their product), or a range "
+                        "to sample: KEY='loguniform(1e-4,1e-2)' (also uniform, randint)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key for every trial (repeatable)")
+    p.add_argument("--dir", help="the sweep dir (default sweeps/<algo>_<env>_<time>)")
+    p.add_argument("--samples", type=int, default=1, help="trials per grid point (random search: trials)")
+    p.add_argument("--search", choices=["grid", "random"], default="grid",
+                   help="grid: every combination; random: values drawn per trial")
+    p.add_argument("--scheduler", choices=["none", "asha"], default="none", help="asha: stop bad trials early")
+    p.add_argument("--metric", default="best_eval_return", help="what the table and the scheduler rank by")
+    p.add_argument("--grace-period", type=float, help="asha: env steps (or seconds) before a trial may be stopped")
+    p.add_argument("--max-concurrent", type=int, help="trials at once (default: as many as the resources allow)")
+    p.add_argument("--address", help="run the trials on this Ray cluster (e.g. auto); default: embedded Ray")
+    p.add_argument("--resume", metavar="SWEEP_DIR", help="continue a killed sweep; finished trials are not run again")
+
+
+def cmd_tune(args) -> int:  # issue 28
+    from distrl.api import resume, train, validate
+    from distrl.runtime.tune import resume_sweep, run_sweep
+    from distrl.runtime.tune_table import format_table
+
+    if args.resume:
+        if args.config or args.grid or args.overrides:
+            raise UsageError("--resume takes the sweep dir only: its config and grid are in sweep.json")
+        sweep = resume_sweep(args.resume, train=train, resume=resume, address=args.address)
+    else:
+        if not args.config:
+            raise UsageError("tune needs a CONFIG (or --resume SWEEP_DIR)")
+        sweep = run_sweep(args.config, args.grid, train=train, resume=resume, validate=validate,
+                          overrides=args.overrides, sweep_dir=args.dir, samples=args.samples, search=args.search,
+                          scheduler=args.scheduler, metric=args.metric, max_concurrent=args.max_concurrent,
+                          address=args.address, grace_period=args.grace_period)
+    print(format_table(sweep["trials"]))
+    failed = [r for r in sweep["trials"] if str(r["stop_reason"]).startswith("error")]
+    print(f"sweep: {sweep['dir']}  ({len(sweep['trials'])} trials, {len(failed)} failed; trials.csv; "
+          f"curves: distrl plot {sweep['dir']})")
+    return EXIT_FAULT if failed else 0
 
 
 def _window_flags(p) -> None:
@@ -147,6 +202,15 @@ def report(summary: dict) -> int:
     return EXIT_FAULT if summary.get("failure") else 0
 
 
+def cmd_record(args) -> int:
+    from distrl.api import record
+
+    out = record(args.run_dir, args.episodes, args.output, args.epsilon, args.explore, args.seed)
+    print(f"{out['dataset']}: {out['episodes']} episodes, {out['steps']} steps, return "
+          f"{out['return_mean']:.1f} ± {out['return_std']:.1f}")
+    return 0
+
+
 def cmd_config(args) -> int:
     from distrl.config import describe, load_config
 
@@ -157,9 +221,12 @@ def cmd_config(args) -> int:
 def cmd_eval(args) -> int:
     from distrl.api import evaluate
 
-    if args.episodes < 1:
-        raise UsageError(f"--episodes must be >= 1, got {args.episodes}")
-    result = evaluate(args.run_dir, args.episodes, args.seed)
+    episodes = args.episodes if args.episodes is not None else 1 if args.video else 20
+    if episodes < 1:
+        raise UsageError(f"--episodes must be >= 1, got {episodes}")
+    result = evaluate(args.run_dir, episodes, args.seed, video=args.video)
+    if args.video:  # issue 28
+        print(f"{args.video}: {len(result['returns'])} episode(s), {result['frames']} frames")
     print(f"{result['env']}: {result['mean']:.1f} ± {result['std']:.1f} over {len(result['returns'])} greedy "
           f"episodes (checkpoint version {result['version']})")
     return 0
@@ -176,18 +243,21 @@ def main(argv: list[str] | None = None) -> int:
     _train_parser(sub)
     _resume_parser(sub)
     _eval_parser(sub)
+    _record_parser(sub)
     _config_parser(sub)
     _observe_parsers(sub)
+    _tune_parser(sub)
     from distrl.checkpoint import CheckpointError
     from distrl.config import ConfigError
     from distrl.core import RoleLost, RoleRestarted
+    from distrl.data.datasets import DatasetError
 
     try:
         args = parser.parse_args(argv)
-        commands = {"train": cmd_train, "resume": cmd_resume, "eval": cmd_eval, "config": cmd_config,
-                    "timeline": cmd_timeline, "report": cmd_report, "plot": cmd_plot}
+        commands = {"train": cmd_train, "resume": cmd_resume, "eval": cmd_eval, "record": cmd_record, "config": cmd_config,
+                    "timeline": cmd_timeline, "report": cmd_report, "plot": cmd_plot, "tune": cmd_tune}
         return commands[args.command](args)
-    except (UsageError, ConfigError, CheckpointError) as e:
+    except (UsageError, ConfigError, CheckpointError, DatasetError) as e:
         print(f"distrl: error: {_one_line(e)}", file=sys.stderr)
         return EXIT_USAGE
     except (RoleLost, RoleRestarted) as e:  # a run that could not start (a busy cluster, a role dying)

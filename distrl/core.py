@@ -79,6 +79,7 @@ class FragmentInfo:
     pid: int = 0  # the worker's process id: a change means the worker was restarted
     items: int = 0  # items the fragment stores (transitions, sequences): what the rate limiter counts
     fragment_id: int = 0  # unique per fragment: links its transfer to the replay server in traces
+    episodes: list = field(default_factory=list)  # whole episodes that ended, when the run records them (log.dataset)
 
 
 @dataclass
@@ -198,6 +199,8 @@ class Algorithm(abc.ABC):
     """Its learner can share each step's gradient with gradient workers (`distrl.algos.sharding`)."""
     image_torso: str = "auto"
     """The torso `model.torso: auto` picks for image observations (auto: by image size)."""
+    offline: bool = False
+    """Learns from a dataset only (`data.dataset`), with no rollout workers (`Algorithm.dataset_items`)."""
 
     def __init__(self, spec: EnvSpec, cfg: Any, model: Any, seed: int = 0, sequence: Any = None):
         self.spec, self.cfg, self.model, self.seed, self.sequence = spec, cfg, model, seed, sequence
@@ -289,6 +292,7 @@ class Restarts:
     parameter_server: int = 0
     workers_lost: int = 0  # workers unreachable for longer than fault.worker_timeout_s
     inference: int = 0     # the inference server (rollout.inference: central)
+    gradient_workers: int = 0  # learner.num_gradient_workers' actors
     replay_refilled: int = 0  # items restarted replay servers got back from the newest checkpoint
 
 
@@ -354,6 +358,10 @@ class Roles(abc.ABC):
     @abc.abstractmethod
     def store_digest(self) -> str | None:
         """sha256 of the experience store's contents."""
+
+    def replay_bytes_per_item(self) -> float | None:
+        """Real bytes the replay holds per stored item (None: an on-policy FIFO, or no replay)."""
+        return None
 
     def traces(self) -> list[dict]:
         """What every process of the roles recorded (`distrl.observe.trace`), drained; [] when not tracing."""

@@ -18,6 +18,8 @@ ALGORITHMS: dict[str, str] = {
     "a3c": "distrl.algos.a3c:A3C",
     "ppo": "distrl.algos.ppo:PPO",
     "impala": "distrl.algos.impala:Impala",
+    "bc": "distrl.algos.bc:BC",
+    "cql": "distrl.algos.cql:CQL",
 }
 
 

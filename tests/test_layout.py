@@ -11,10 +11,10 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "distrl")
 
-# cli -> api -> runtime -> roles -> (algos, models, replay, envs, checkpoint, observe) -> core layer.
+# cli -> api -> runtime -> roles -> (algos, models, replay, envs, checkpoint, observe, data) -> core layer.
 LAYERS = [
     {"distrl.core", "distrl.acting", "distrl.config", "distrl.registry", "distrl.threads", "distrl.version"},
-    {"distrl.algos", "distrl.models", "distrl.replay", "distrl.envs", "distrl.checkpoint", "distrl.observe"},
+    {"distrl.algos", "distrl.models", "distrl.replay", "distrl.envs", "distrl.checkpoint", "distrl.observe", "distrl.data"},
     {"distrl.roles"},
     {"distrl.runtime"},
     {"distrl.api"},

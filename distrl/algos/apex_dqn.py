@@ -15,13 +15,14 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from distrl.algos.common import NetworkAlgorithm, NetworkPolicy, as_tensors, nstep_items, skipped
+from distrl.algos.common import NetworkAlgorithm, NetworkPolicy, as_tensors, nstep_items, skipped, stored_obs
 from distrl.algos.qlearning import DuelingHead, QLearningConfig, TargetNetworkState, epsilon_greedy, worker_epsilon
 from distrl.algos.sharding import ShardedLearner
 from distrl.config.fields import f
 from distrl.config.sections import ModelConfig
 from distrl.core import Batch, Learner, Trajectory
 from distrl.models import make_torso
+from distrl.replay.frames import FrameEncoder, frame_transitions
 
 
 @dataclass
@@ -88,6 +89,7 @@ class DQNPolicy(NetworkPolicy):
     """Epsilon-greedy on the Q-network; n-step transitions with initial priorities from its own Q-values."""
 
     env_steps = 0
+    _frames: FrameEncoder | None = None  # built at the first postprocess of an env that stacks frames
 
     @property
     def epsilon(self) -> float:
@@ -104,11 +106,21 @@ class DQNPolicy(NetworkPolicy):
         return epsilon_greedy(q, self.epsilon, self.rng if explore else None), {"q": q}
 
     def postprocess(self, traj: Trajectory) -> tuple[Batch, np.ndarray]:
-        items = nstep_items(traj, self.cfg.gamma, self.cfg.n_step)
+        T, E = traj.rewards.shape
+        if self.spec.frame_stack:  # stacked frames travel and are stored once; replay rebuilds the stacks
+            if self._frames is None:
+                self._frames = FrameEncoder(self.spec.frame_stack, seed=self.worker_index)
+            items, rows, boot = frame_transitions(
+                self._frames, stored_obs(traj.obs), traj.actions, traj.rewards, traj.terminated, traj.truncated,
+                stored_obs(traj.next_obs), self.cfg.gamma, self.cfg.n_step)
+            next_obs = stored_obs(traj.next_obs).reshape(T * E, *traj.next_obs.shape[2:])
+            q_next = self.evaluate(next_obs)[0]["q"].max(axis=1)[boot]
+        else:
+            items, rows = nstep_items(traj, self.cfg.gamma, self.cfg.n_step), np.arange(T * E)
+            q_next = self.evaluate(items["next_obs"])[0]["q"].max(axis=1)
         # Initial priority (Ape-X): |TD error| under this worker's own Q-values.
-        q_taken = np.take_along_axis(traj.extras["q"].reshape(len(items["actions"]), -1),
+        q_taken = np.take_along_axis(traj.extras["q"].reshape(T * E, -1)[rows],
                                      items["actions"].reshape(-1, 1).astype(np.int64), axis=1)[:, 0]
-        q_next = self.evaluate(items["next_obs"])[0]["q"].max(axis=1)
         td = items["rewards"] + items["discounts"] * q_next - q_taken
         # A reward near float32's limit can overflow the n-step sum: such an item is still stored, at top priority.
         return items, np.nan_to_num(np.abs(td), nan=np.finfo(np.float32).max, posinf=np.finfo(np.float32).max)

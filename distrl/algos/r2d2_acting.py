@@ -136,8 +136,9 @@ class SequencePolicy(NetworkPolicy):
         super().episodes_ended(done)
 
     def _make_adder(self, num_envs: int) -> SequenceAdder:
+        # frame_stack > 0: the adder keeps each frame of the obs stacks once (the replay rebuilds them)
         return SequenceAdder(num_envs, self.sequence_length, self.seq.period, self.seq.burn_in,
-                             self.seq.chunk_length, self.seed)
+                             self.seq.chunk_length, self.seed, frame_stack=self.spec.frame_stack)
 
 
 class R2D2Policy(SequencePolicy):
@@ -201,6 +202,10 @@ class R2D2Policy(SequencePolicy):
                     "actions": (traj.actions.shape[2:], traj.actions.dtype),
                     "rewards": ((), np.float32), "discount": ((), np.float32), "mask": ((), np.float32)}
         msg = {f"chunk/{k}": np.zeros((0, c, *shape), dtype) for k, (shape, dtype) in per_step.items()}
+        if self.spec.frame_stack:  # the obs as the adder sends them: frames, a chunk's first stack then one a step
+            shape, dtype = per_step["obs"]
+            del msg["chunk/obs"]
+            msg["frames/obs"] = np.zeros((0, c + self.spec.frame_stack - 1, *shape[1:]), dtype)
         msg.update({"chunk/key": np.zeros(0, np.int64), "chunk/length": np.zeros(0, np.int32),
                     "item/chunks": np.zeros((0, chunks_per_item(self.sequence_length, c)), np.int64),
                     "item/offset": np.zeros(0, np.int32), "item/pad_left": np.zeros(0, np.int32),

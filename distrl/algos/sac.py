@@ -149,12 +149,13 @@ class SACLearner(Learner):
         per_sample = 0.5 * td.square().sum(0)  # the two critics' losses, summed
         weights = t.get("weights")
         loss_critic = (per_sample * weights).mean() if weights is not None else per_sample.mean()
+        penalty, penalty_stats = self.critic_penalty(obs, next_obs, q)
         # The critics' params are detached here, so the actor loss trains only the actor.
         log_pi_now = log_pi[:n]
         q_pi = self.critic(obs, pi[:n], detach_params=True).min(dim=0).values
         loss_actor = (alpha * log_pi_now - q_pi).mean()
         loss_alpha = temperature_loss(self.log_alpha, log_pi_now, self.target_entropy)
-        total = loss_critic + loss_actor + (loss_alpha if self.cfg.autotune_alpha else 0.0)
+        total = loss_critic + penalty + loss_actor + (loss_alpha if self.cfg.autotune_alpha else 0.0)
 
         # A param without a gradient (log_alpha when not autotuned) is left alone by the step.
         if guarded_step(self.opt, [*self._params, *self.actor.parameters(), self.log_alpha], total) is None:
@@ -168,7 +169,11 @@ class SACLearner(Learner):
         self.updates += 1
         return {"loss": stats[0], "loss_critic": stats[0], "loss_actor": stats[1],
                 "loss_alpha": stats[2], "alpha": stats[3], "entropy": stats[4],
-                "q_mean": stats[5], "priorities": priorities}
+                "q_mean": stats[5], "priorities": priorities, **{k: float(v) for k, v in penalty_stats.items()}}
+
+    def critic_penalty(self, obs: torch.Tensor, next_obs: torch.Tensor, q: torch.Tensor):
+        """A term added to the critics' loss, and its stats: none for SAC (CQL adds its conservative gap)."""
+        return 0.0, {}
 
     def get_weights(self) -> Weights:
         return to_numpy_weights(self.actor)
@@ -199,8 +204,12 @@ class SACPolicy(NetworkPolicy):
         super().__init__(algo, worker_index, num_workers, seed)
         self.scaler = BoxScaler(algo.spec.action_space)
         self.act_dim = int(np.prod(algo.spec.action_space.shape))
-        self.random_steps = self.cfg.random_steps / max(1, num_workers) if worker_index >= 0 else 0
+        self.random_steps = self.uniform_steps(num_workers)
         self.env_steps = 0
+
+    def uniform_steps(self, num_workers: int) -> float:
+        """This worker's share of `random_steps` (the evaluator, index -1, never acts at random)."""
+        return self.cfg.random_steps / max(1, num_workers) if self.worker_index >= 0 else 0
 
     def forward(self, obs: np.ndarray, state: None):
         mean, log_std = self.run("forward", obs)
@@ -236,16 +245,20 @@ class SAC(NetworkAlgorithm):
     learner_cls, policy_cls = SACLearner, SACPolicy
 
     def build_network(self) -> Actor:
-        torso = make_torso(self.spec.observation_space, self.model)
-        return Actor(torso, int(np.prod(self.spec.action_space.shape)))
-
-    def critic_space(self) -> spaces.Box:
-        """What the critics' torsos see: the flat observation and the normalised action, side by side."""
-        dims = int(np.prod(self.spec.observation_space.shape)) + int(np.prod(self.spec.action_space.shape))
-        return spaces.Box(-np.inf, np.inf, (dims,), np.float32)
+        return build_actor(self.spec, self.model)
 
     def build_critic(self) -> TwinQ:
-        return TwinQ(make_ensemble(self.critic_space(), self.model, copies=2))
+        return TwinQ(make_ensemble(critic_space(self.spec), self.model, copies=2))
 
     def torso_spaces(self) -> list:
-        return [self.spec.observation_space, self.critic_space()]
+        return [self.spec.observation_space, critic_space(self.spec)]
+
+
+def build_actor(spec, model) -> Actor:
+    return Actor(make_torso(spec.observation_space, model), int(np.prod(spec.action_space.shape)))
+
+
+def critic_space(spec) -> spaces.Box:
+    """What the critics' torsos see: the flat observation and the normalised action, side by side."""
+    dims = int(np.prod(spec.observation_space.shape)) + int(np.prod(spec.action_space.shape))
+    return spaces.Box(-np.inf, np.inf, (dims,), np.float32)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from distrl.config.fields import MODES, ConfigError, f
 from distrl.config.parse import apply_overrides, build, describe, dump_yaml, read_yaml, to_dict
-from distrl.config.sections import (AsyncConfig, CheckpointConfig, EnvConfig, EvalConfig, FaultConfig,
+from distrl.config.sections import (AsyncConfig, CheckpointConfig, DataConfig, EnvConfig, EvalConfig, FaultConfig,
                                     LearnerConfig, LogConfig, PlacementConfig, QueueConfig, ReplayConfig,
                                     RolloutConfig, SequenceConfig, StopConfig)
 from distrl.registry import ALGORITHMS, algorithm
@@ -42,6 +42,7 @@ class Config:
     device: str = f("auto", "learner device: auto | cpu | cuda | cuda:N")
     env: EnvConfig = section(EnvConfig, "environment")
     rollout: RolloutConfig = section(RolloutConfig, "rollout workers")
+    data: DataConfig = section(DataConfig, "offline training: where the experience comes from instead of workers")
     learner: LearnerConfig = section(LearnerConfig, "learner")
     eval: EvalConfig = section(EvalConfig, "evaluator")
     stop: StopConfig = section(StopConfig, "stop conditions")

@@ -165,8 +165,9 @@ def read_yaml(path: str) -> dict:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
         raise ConfigError(f"config file {path} is not valid YAML{where}") from None
-    if data is None:
-        return {}
+    if data is None:  # empty, or only comments: training the defaults without a word would hide a wrong file
+        raise ConfigError(f"config file {path} is empty: it names nothing to train (configs/ has one per algorithm "
+                          f"and env)")
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping of sections")
     return data

@@ -3,14 +3,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from distrl.config.fields import WEEK_S, YEAR_S, f
+from distrl.config.fields import WEEK_S, YEAR_S, ConfigError, f
+
+
+ENV_PRESETS = ("none", "atari")
 
 
 @dataclass
 class EnvConfig:
-    id: str = f("CartPole-v1", "gymnasium environment id")
+    """The env: the base env from `id` and `kwargs`, then the preset's wrappers, then `wrappers` in order.
+
+    Rollout workers' envs get every wrapper; the evaluator's (and `distrl eval`'s) leave out the
+    train-only ones, so they score the game as it is (e.g. full Atari games, unclipped rewards).
+    """
+
+    id: str = f("CartPole-v1", "gymnasium environment id (ALE/Breakout-v5 and MinAtar/Breakout-v1 need no import)")
     num_envs: int = f(16, "environments each rollout worker steps with one batched forward pass", lo=1, hi=4096)
     kwargs: dict = f({}, "keyword arguments passed to gymnasium.make (e.g. continuous: true)")
+    wrappers: list = f([], "gymnasium wrappers applied in order after the preset's: a name from gymnasium.wrappers "
+                       "or package.module:Class, bare (TimeLimit) or with kwargs ({FrameStackObservation: "
+                       "{stack_size: 4}}); train_only: true beside the name applies it to rollout workers' envs "
+                       "only ({ClipReward: {min_reward: -1, max_reward: 1}, train_only: true})")
+    preset: str = f("none", "standard preprocessing: none | atari (no-op starts, frame skip 4 with max-pool, 84x84 "
+                    "grayscale, 4 frames stacked; rewards clipped to [-1, 1] and a lost life ending the episode for "
+                    "training only; sticky actions stay the game's own)", choices=ENV_PRESETS)
 
 
 @dataclass
@@ -72,12 +88,16 @@ class EvalConfig:
     episodes: int = f(20, "greedy episodes per evaluation", lo=1, hi=10_000)
     interval_s: float = f(1.0, "seconds between evaluations", lo=0.0, hi=WEEK_S)
     interval_steps: int | None = f(None, "evaluate every this many env steps instead, waiting for the result (deterministic runs)", lo=1)
+    video_every_s: float | None = f(None, "record one greedy episode of an evaluation at most this often (0 = every evaluation), to "
+                                    "RUN_DIR/videos/ (mp4) and TensorBoard (GIF); needs an env with rgb_array "
+                                    "rendering (null = never)", lo=0.0, hi=WEEK_S)
 
 
 @dataclass
 class StopConfig:
     max_seconds: float = f(600.0, "wall seconds before the run stops", lo=0.0, lo_open=True, hi=YEAR_S)
     max_env_steps: int | None = f(None, "env steps before the run stops (null = no limit)", lo=1)
+    max_updates: int | None = f(None, "learner updates before the run stops (null = no limit)", lo=1)
 
 
 @dataclass
@@ -90,8 +110,8 @@ class FaultConfig:
     max_worker_restarts: int = f(10, "rollout-worker process restarts before the run stops", lo=0)
     max_env_errors: int = f(1000, "env exceptions or non-finite env outputs (each ends its episode and is counted) before the run stops", lo=0)
     max_role_restarts: int = f(10, "restarts of the learner, replay server, parameter server or evaluator (each) before the run stops", lo=0)
-    worker_timeout_s: float = f(120.0, "a worker call, or a dead worker's restart, taking longer than this counts as failed", lo=1.0, hi=WEEK_S)
-    role_timeout_s: float = f(120.0, "how long the driver waits for a role to start, come back after a death, or answer its health check, before the run ends", lo=1.0, hi=WEEK_S)
+    worker_timeout_s: float = f(120.0, "a dead worker not back after this long is dropped from the run (workers_lost); a worker call taking longer than this plus role_timeout_s counts as failed", lo=1.0, hi=WEEK_S)
+    role_timeout_s: float = f(120.0, "a process (any role's, single mode's evaluator too) leaving its health check unanswered this long is hung: it is ended and restarted; a role not started or back after a death within this long (at least 60 s) ends the run", lo=1.0, hi=WEEK_S)
     max_nonfinite_updates: int = f(100, "updates in a row skipped for a NaN or inf loss or gradient before the run stops", lo=1)
 
 
@@ -102,6 +122,32 @@ class CheckpointConfig:
     max_replay_bytes: int = f(2_000_000_000, "replay larger than this is left out of checkpoints; a resumed run then refills it from the workers", lo=0)
 
 
+# What log.wandb and log.mlflow take: key -> the types its value may have (issue 28's trackers).
+TRACKER_KEYS = {
+    "wandb": {"project": (str,), "mode": (str,), "entity": (str,), "group": (str,), "name": (str,),
+              "tags": (list,)},
+    "mlflow": {"tracking_uri": (str,), "experiment": (str,), "run_name": (str,)},
+}
+WANDB_MODES = ("offline", "online", "disabled")
+
+
+def _tracker_problem(name: str, settings: dict | None) -> str | None:
+    """What is wrong with log.<name>'s settings (a key it does not take, a value of the wrong type), or None."""
+    if settings is None:
+        return None
+    known = TRACKER_KEYS[name]
+    for key, value in settings.items():
+        if key not in known:
+            return f"unknown config key 'log.{name}.{key}' (known: {', '.join(known)})"
+        if not isinstance(value, known[key]) or (key == "tags" and not all(isinstance(t, str) for t in value)):
+            what = "a list of names" if key == "tags" else "a string"
+            return f"config key 'log.{name}.{key}': expected {what}, got {value!r}"
+    mode = settings.get("mode") if name == "wandb" else None
+    if mode is not None and mode not in WANDB_MODES:
+        return f"config key 'log.wandb.mode': must be one of {', '.join(WANDB_MODES)}, got {mode!r}"
+    return None
+
+
 @dataclass
 class LogConfig:
     interval_s: float = f(1.0, "seconds between metrics.csv rows and progress updates", lo=0.01, hi=WEEK_S)
@@ -110,6 +156,26 @@ class LogConfig:
     tensorboard: bool = f(True, "write TensorBoard event files into the run dir")
     trace: bool = f(False, "record what every process does into RUN_DIR/trace.json (distrl timeline / report)")
     trace_events: int = f(200_000, "events each process keeps for the trace (a ring: the newest are kept)", lo=1, hi=10_000_000)
+    dataset: str | None = f(None, "write every episode the rollout workers play into this Minari dataset (a "
+                            "directory named like name-vN; null = none): the offline literature's replay-buffer dataset")
+    wandb: dict | None = f(None, "log to Weights & Biases (pip install -e .[wandb]): {project: distrl, mode: "
+                           "offline | online, entity, group, name, tags: [...]}; config, metrics rows, learner "
+                           "diagnostics, summary and the best checkpoint (null = off)")
+    mlflow: dict | None = f(None, "log to MLflow (pip install -e .[mlflow]): {tracking_uri: file:./mlruns | "
+                            "sqlite:///mlflow.db | http://..., experiment: distrl, run_name}; what log.wandb logs "
+                            "(null = off)")
+
+    def __post_init__(self):
+        problem = _tracker_problem("wandb", self.wandb) or _tracker_problem("mlflow", self.mlflow)
+        if problem:
+            raise ConfigError(problem)
+
+
+@dataclass
+class DataConfig:
+    dataset: str | None = f(None, "train from this Minari dataset (a directory, or an id under MINARI_DATASETS_PATH) "
+                            "instead of rollout workers: the replay is filled from it once, the evaluator still plays "
+                            "the env (offline algorithms: bc, cql)")
 
 
 @dataclass

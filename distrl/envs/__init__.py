@@ -1,4 +1,4 @@
-"""Environment construction: gymnasium envs from config, and a vector of them."""
+"""Environment construction: gymnasium envs from config (ids, presets, wrappers), and a vector of them."""
 from distrl.envs.factory import EnvError, check_env, env_spec, make_env
 from distrl.envs.vector import VectorEnv
 

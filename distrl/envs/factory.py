@@ -1,13 +1,16 @@
 """Build gymnasium envs by id, turning every failure into one clear `EnvError`.
 
-`env.id` is a registered gymnasium id (`CartPole-v1`), a registered id in a
-module that registers it on import (`package.module:EnvName-v0`, gymnasium's
-convention), or an env class in a module (`popgym.envs.position_only_cartpole:PositionOnlyCartPoleEasy`).
-Discrete and MultiDiscrete observations are one-hot encoded into a float32 Box,
-so every algorithm sees flat vectors.
+`env.id` is a registered gymnasium id (`CartPole-v1`), an Atari or MinAtar id (`ALE/Breakout-v5`,
+`MinAtar/Breakout-v1`: registered on first use, no import needed), a registered id in a module that
+registers it on import (`package.module:EnvName-v0`, gymnasium's convention), or an env class in a module
+(`popgym.envs.position_only_cartpole:PositionOnlyCartPoleEasy`). The env is then wrapped by the preset's
+wrappers (`env.preset`) and `env.wrappers`, the train-only ones only for training envs (a rollout
+worker's; not the evaluator's). Discrete and MultiDiscrete observations are one-hot encoded into a
+float32 Box, so every algorithm sees flat vectors.
 """
 from __future__ import annotations
 
+import difflib
 import importlib
 import warnings
 from typing import Any, Callable
@@ -16,11 +19,28 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from distrl.config.sections import ENV_PRESETS
 from distrl.core import EnvSpec
+from distrl.envs.errors import EnvError, one_line
+from distrl.envs.wrappers import WrapperSpec, apply_wrappers, frame_stack_of, parse_wrappers
+
+__all__ = ["EnvError", "check_env", "env_spec", "import_module_of", "make_env"]
 
 
-class EnvError(ValueError):
-    """The configured environment can't be built (unknown id, bad kwargs, missing extra)."""
+def _register_namespace(env_id: str) -> None:
+    """Register the ids of the package that provides `env_id`'s namespace, the first time one is asked for
+    (importing minatar takes ~2 s, so it is not done for other envs)."""
+    namespace = env_id.partition("/")[0] if "/" in env_id else ""
+    if namespace == "ALE":
+        import ale_py  # with gymnasium >= 1.1 its import registers the ALE/ ids
+
+        gym.register_envs(ale_py)
+        # Errors only: the first emulator otherwise prints a banner on stderr, and a config mistake is one line.
+        ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)
+    elif namespace == "MinAtar" and not any(k.startswith("MinAtar/") for k in gym.envs.registry):
+        import minatar.gym
+
+        minatar.gym.register_envs()
 
 
 def import_module_of(env_id: str) -> tuple[Any, str]:
@@ -32,17 +52,24 @@ def import_module_of(env_id: str) -> tuple[Any, str]:
         return importlib.import_module(module), name
     except (Exception, SystemExit) as e:  # noqa: BLE001 - a relative or empty name (TypeError, ValueError),
         # a missing module, or whatever the module's own code raises on import: the id names the wrong thing
-        reason = " ".join(str(e).split())[:200] or type(e).__name__
-        raise EnvError(f"config key 'env.id': cannot import {module!r} for {env_id!r}: {reason}") from None
+        raise EnvError(f"config key 'env.id': cannot import {module!r} for {env_id!r}: {one_line(e)}") from None
+
+
+def _close_ids(env_id: str) -> list[str]:
+    """Registered ids a user may have meant: other versions of the same name, then near spellings."""
+    same = sorted(k for k in gym.envs.registry if k.split("-")[0].lower() == env_id.split("-")[0].lower())
+    near = difflib.get_close_matches(env_id, list(gym.envs.registry), n=3, cutoff=0.6)
+    return list(dict.fromkeys(same + near))[:3]
 
 
 def _constructor(env_id: str) -> Callable[..., gym.Env]:
     """What builds `env_id` from kwargs, or EnvError naming what is wrong with the id."""
     if ":" not in env_id:
+        _register_namespace(env_id)
         if env_id in gym.envs.registry:
             return lambda **kw: gym.make(env_id, **kw)
-        close = [k for k in gym.envs.registry if k.split("-")[0].lower() == env_id.split("-")[0].lower()]
-        hint = f" (did you mean {', '.join(sorted(close)[:3])}?)" if close else ""
+        close = _close_ids(env_id)
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
         raise EnvError(f"config key 'env.id': unknown gymnasium environment {env_id!r}{hint}")
     mod, name = import_module_of(env_id)
     if name in gym.envs.registry:
@@ -64,37 +91,97 @@ def _flat_observations(env: gym.Env) -> gym.Env:
     return env
 
 
-def make_env(env_id: str, kwargs: dict[str, Any] | None = None) -> gym.Env:
+def _preset(preset: str, env_id: str, kwargs: dict | None) -> tuple[dict | None, list[WrapperSpec]]:
+    """(the base env's kwargs, the preset's wrappers)."""
+    if preset == "none":
+        return kwargs, []
+    if preset == "atari":
+        from distrl.envs.atari import atari_base_kwargs, atari_wrappers
+
+        return atari_base_kwargs(env_id, kwargs), atari_wrappers()
+    raise EnvError(f"config key 'env.preset': unknown preset {preset!r} (known: {', '.join(ENV_PRESETS)})")
+
+
+def _base_env(env_id: str, kwargs: dict | None) -> gym.Env:
     make = _constructor(env_id)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # gymnasium deprecation chatter is not the user's problem
-            return _flat_observations(make(**(kwargs or {})))
+            return make(**(kwargs or {}))
     except gym.error.DependencyNotInstalled as e:
         raise EnvError(f"environment {env_id!r} needs a missing dependency: {e}") from None
     except Exception as e:  # noqa: BLE001 - any constructor failure is the config's env.kwargs or env.id
-        reason = " ".join(str(e).split())[:200] or type(e).__name__
-        raise EnvError(f"config key 'env.kwargs': {env_id} could not be built with {kwargs or {}}: {reason}") from None
+        raise EnvError(f"config key 'env.kwargs': {env_id} could not be built with {kwargs or {}}: {one_line(e)}") from None
 
 
-def check_env(env_id: str, kwargs: dict[str, Any] | None = None) -> EnvSpec:
-    """Build the env, reset it and take one step: an env whose kwargs fail only there is caught before
-    any worker starts. Its spec, or EnvError."""
-    env = make_env(env_id, kwargs)
+def make_env(env_id: str, kwargs: dict[str, Any] | None = None, *, wrappers: list | None = None,
+             preset: str = "none", training: bool = True) -> gym.Env:
+    """The env `env_id` built with `kwargs`, inside the preset's wrappers and then `wrappers` (the raw
+    `env.wrappers` list); `training=False` leaves out the train-only ones (an evaluator's env)."""
+    specs = parse_wrappers(wrappers)  # before building: a bad list costs no env
+    base_kwargs, chain = _preset(preset, env_id, kwargs)
+    env = _base_env(env_id, base_kwargs)
+    if preset == "atari":
+        from distrl.envs.atari import check_atari
+
+        check_atari(env, env_id)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return _flat_observations(apply_wrappers(env, chain + specs, training))
+
+
+def _spec(env: gym.Env) -> EnvSpec:
+    return EnvSpec(env.observation_space, env.action_space, frame_stack=frame_stack_of(env))
+
+
+def _first_failing(env_id: str, kwargs: dict | None, wrappers: list | None, preset: str) -> str:
+    """The config key of the first wrapper after which a reset and a step fail ('env.kwargs' if the bare env fails)."""
+    base_kwargs, chain = _preset(preset, env_id, kwargs)
+    specs = chain + parse_wrappers(wrappers)
+    for n in range(len(specs) + 1):
+        env = apply_wrappers(_base_env(env_id, base_kwargs), specs[:n], training=True)
+        try:
+            env.reset(seed=0)
+            env.step(env.action_space.sample())
+        except Exception:  # noqa: BLE001 - we only look for where it fails
+            return specs[n - 1].key if n else "env.kwargs"
+        finally:
+            env.close()
+    return "env.kwargs"
+
+
+def check_env(env_id: str, kwargs: dict[str, Any] | None = None, *, wrappers: list | None = None,
+              preset: str = "none") -> EnvSpec:
+    """Build the training env, reset it and take one step, and build the evaluation env: an env whose
+    kwargs or wrappers fail only there, or whose train-only wrappers change its spaces, is caught before any
+    worker starts. The training env's spec, or EnvError."""
+    env = make_env(env_id, kwargs, wrappers=wrappers, preset=preset, training=True)
     try:
         env.reset(seed=0)
         env.step(env.action_space.sample())
-        return EnvSpec(env.observation_space, env.action_space)
+        spec = _spec(env)
     except Exception as e:  # noqa: BLE001 - whatever the env raises, its config made it
-        reason = " ".join(str(e).split())[:200] or type(e).__name__
-        raise EnvError(f"config key 'env.kwargs': {env_id} with {kwargs or {}} fails on reset or step: {reason}") from None
+        key = _first_failing(env_id, kwargs, wrappers, preset) if wrappers or preset != "none" else "env.kwargs"
+        what = f"{env_id} with {kwargs or {}}" if key == "env.kwargs" else f"{env_id} with this wrapper"
+        raise EnvError(f"config key '{key}': {what} fails on reset or step: {one_line(e)}") from None
     finally:
         env.close()
-
-
-def env_spec(env_id: str, kwargs: dict[str, Any] | None = None) -> EnvSpec:
-    env = make_env(env_id, kwargs)
+    evaluation = make_env(env_id, kwargs, wrappers=wrappers, preset=preset, training=False)
     try:
-        return EnvSpec(env.observation_space, env.action_space)
+        if (evaluation.observation_space, evaluation.action_space) != (spec.observation_space, spec.action_space):
+            raise EnvError("config key 'env.wrappers': a train_only wrapper changes the observation or action "
+                           f"space ({spec.observation_space} in training, {evaluation.observation_space} in "
+                           "evaluation): the evaluator could not run the trained policy")
+    finally:
+        evaluation.close()
+    return spec
+
+
+def env_spec(env_id: str, kwargs: dict[str, Any] | None = None, *, wrappers: list | None = None,
+             preset: str = "none") -> EnvSpec:
+    """The training env's spec (spaces, and its frame stack), without stepping it."""
+    env = make_env(env_id, kwargs, wrappers=wrappers, preset=preset, training=True)
+    try:
+        return _spec(env)
     finally:
         env.close()

@@ -342,6 +342,12 @@ class MAPF(MultiAgentEnv):
     def agent_positions(self) -> np.ndarray:
         return self.positions.copy()
 
+    def render(self) -> np.ndarray:
+        """An RGB picture (uint8) of the grid, the agents (discs) and their goals (squares of their colour)."""
+        from distrl.envs.render import render_grid
+
+        return render_grid(self.obstacles, self.positions, self.goals, self.present)
+
     def close(self) -> None:
         pass
 

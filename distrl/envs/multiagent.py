@@ -239,6 +239,10 @@ class ParallelEnvAdapter(MultiAgentEnv):
         return MAStep(self._obs_array(obs), rewards, self._over and not truncated, truncated,
                       live.copy(), self.comm_mask(), info)
 
+    def render(self):
+        """The PettingZoo env's frame when it was built with render_mode="rgb_array", else None."""
+        return self.env.render() if getattr(self.env, "render_mode", None) == "rgb_array" else None
+
     def _episode_info(self, infos: dict) -> dict:
         info: dict[str, float] = {}
         for a in self.agent_ids:

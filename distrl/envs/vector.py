@@ -14,10 +14,13 @@ from distrl.envs.factory import make_env
 
 
 class VectorEnv:
-    """E envs; env i is seeded with `seed + i` on its first reset."""
+    """E envs; env i is seeded with `seed + i` on its first reset. `wrappers`, `preset` and `training`
+    are `make_env`'s: a rollout worker's envs are training envs, the evaluator's are not."""
 
-    def __init__(self, env_id: str, num_envs: int, seed: int, kwargs: dict[str, Any] | None = None):
-        self.envs = [make_env(env_id, kwargs) for _ in range(num_envs)]
+    def __init__(self, env_id: str, num_envs: int, seed: int, kwargs: dict[str, Any] | None = None, *,
+                 wrappers: list | None = None, preset: str = "none", training: bool = True):
+        self.envs = [make_env(env_id, kwargs, wrappers=wrappers, preset=preset, training=training)
+                     for _ in range(num_envs)]
         self.num_envs = num_envs
         self.observation_space = self.envs[0].observation_space
         self.action_space = self.envs[0].action_space

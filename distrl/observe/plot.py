@@ -7,6 +7,10 @@ moments combine exactly; a run contributes only up to its own last row, and the 
 where at least half the group's runs have a value. The band is min-max, or the
 interquartile range once a group has IQR_RUNS runs, where the extremes would say more about one
 outlier than about the group.
+
+A sweep dir (`distrl tune`'s, with sweep.json) stands for its trials: they are grouped by the values they
+tried of the swept keys other than `seed`, so the seeds of one config make one median and band. A trial
+stopped before its first evaluation has no curve and is left out.
 """
 from __future__ import annotations
 
@@ -80,6 +84,34 @@ def read_run(run_dir: str) -> dict:
             "env_steps": _floats(rows, "env_steps"), "ret": _floats(rows, "eval_return_mean")}
 
 
+def read_sweep(sweep_dir: str) -> list[dict]:
+    """The trials of a sweep dir with an eval curve, each keyed by its values of the swept keys but seed."""
+    try:
+        with open(os.path.join(sweep_dir, "sweep.json")) as fh:
+            keys = [axis[0] for axis in json.load(fh)["axes"] if axis[0] != "seed"]
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        raise RunDataError(f"{sweep_dir}/sweep.json cannot be read") from None
+    runs = []
+    root = os.path.join(sweep_dir, "runs")
+    for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+        try:
+            run = read_run(os.path.join(root, name))
+            with open(os.path.join(root, name, "trial.json")) as fh:
+                values = json.load(fh)["config"]
+        except (RunDataError, OSError, ValueError, KeyError):
+            continue  # no evaluation yet (stopped early, or still starting)
+        if keys:
+            run["key"] = tuple((k, values.get(k)) for k in keys)
+        runs.append(run)
+    if not runs:
+        raise RunDataError(f"{sweep_dir}: no trial of this sweep has eval_return_mean values yet")
+    return runs
+
+
+def is_sweep(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, "sweep.json"))
+
+
 def group_runs(runs: list[dict]) -> dict[tuple, list[dict]]:
     groups: dict[tuple, list[dict]] = {}
     for run in runs:
@@ -110,10 +142,13 @@ def group_curve(runs: list[dict], x_key: str, max_points: int = MAX_POINTS) -> d
 
 
 def _label(key: tuple, runs: list[dict]) -> str:
-    algo, env, mode = key
     n = len(runs)
     band = "" if n == 1 else (", IQR band" if n >= IQR_RUNS else ", min-max band")
-    return f"{algo} · {env} · {mode} ({n} run{'s' if n > 1 else ''}{band})"
+    if key and isinstance(key[0], tuple):  # a sweep's config: its values of the swept keys
+        name = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in key)
+    else:
+        name = " · ".join(key)
+    return f"{name} ({n} run{'s' if n > 1 else ''}{band})"
 
 
 def _figure():
@@ -178,6 +213,7 @@ def draw_plot(runs: list[dict], out_path: str) -> str:
 
 
 def run_plot(run_dirs: list[str], out: str | None = None) -> str:
-    """The `distrl plot` command: read every run (all must be readable), draw; returns the PNG's path."""
-    runs = [read_run(d) for d in run_dirs]
+    """The `distrl plot` command: read every run (all must be readable; a sweep dir stands for its trials),
+    draw; returns the PNG's path."""
+    runs = [run for d in run_dirs for run in (read_sweep(d) if is_sweep(d) else [read_run(d)])]
     return draw_plot(runs, out or os.path.join(run_dirs[0], "plot.png"))

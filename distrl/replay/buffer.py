@@ -6,10 +6,14 @@ from typing import Any
 
 import numpy as np
 
+from distrl.replay.frame_ring import FrameRing
+from distrl.replay.frames import FRAMES, MESSAGE_KEYS, NEXT_REF, OBS_REF, STACK
 from distrl.replay.sumtree import SumTree, stratified_sample
 
 GENERATION_KEY = "_generation"
+OLDEST_KEY = "frame_oldest"  # per item of a framed replay: the oldest frame its stacks read
 _STORAGE_PREFIX = "storage/"
+_FRAMES_STATE = "frames"
 
 
 class ReplayBuffer:
@@ -47,6 +51,7 @@ class ReplayBuffer:
         self._size = 0
         self._sample_count = 0
         self._max_priority = 1.0
+        self._frames: FrameRing | None = None
 
     def __len__(self) -> int:
         return self._size
@@ -63,15 +68,34 @@ class ReplayBuffer:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by the storage arrays (0 before the first add)."""
+        """Bytes held by the storage arrays and the frame ring (0 before the first add)."""
         if self._storage is None:
             return 0
-        return int(sum(a.nbytes for a in self._storage.values()))
+        return int(sum(a.nbytes for a in self._storage.values())) + (self._frames.nbytes if self._frames else 0)
 
     @property
     def checkpoint_nbytes(self) -> int:
         """Bytes of stored items a checkpoint writes (the filled slots only)."""
-        return self.nbytes * self._size // self.capacity
+        if self._storage is None:
+            return 0
+        rows = sum(a.nbytes for a in self._storage.values()) * self._size // self.capacity
+        return int(rows + (self._frames.live_nbytes if self._frames else 0))
+
+    @property
+    def bytes_per_item(self) -> float:
+        """Real bytes per stored item: the live items' fields, generations and share of the sum tree, plus
+        the frames in the ring (0.0 when empty)."""
+        if self._size == 0 or self._storage is None:
+            return 0.0
+        row = sum(a.nbytes for a in self._storage.values()) + self._gen.nbytes
+        row += self._tree.nbytes if self._tree is not None else 0
+        frames = self._frames.live_nbytes if self._frames else 0
+        return (row * self._size / self.capacity + frames) / self._size
+
+    def _live(self, n: int | None = None) -> np.ndarray:
+        """Slots of the n oldest live items (all by default), oldest first."""
+        n = self._size if n is None else n
+        return (self._cursor - self._size + np.arange(n)) % self.capacity
 
     def _leaf_values(self, p: np.ndarray) -> np.ndarray:
         return (np.abs(p).astype(np.float64) + self.eps) ** self.alpha
@@ -102,6 +126,8 @@ class ReplayBuffer:
 
     def add(self, items: dict[str, np.ndarray], priorities: np.ndarray | None = None) -> None:
         """Append a fragment of B items (FIFO; keeps only the newest ``capacity``)."""
+        if FRAMES in items:
+            items, priorities = self._add_frames(items, priorities)
         b = self._validate(items)
         if b == 0:
             return
@@ -143,6 +169,58 @@ class ReplayBuffer:
             self._max_priority = new_max
             self._tree.update(pos, vals)
 
+    def _add_frames(self, msg: dict[str, np.ndarray], priorities) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
+        """Write a framed message's frames; its items with absolute refs (and their oldest frame), and
+        their priorities. Checks come first, so a bad message changes nothing."""
+        items = {k: np.asarray(v) for k, v in msg.items() if k not in MESSAGE_KEYS}
+        if OBS_REF not in items or NEXT_REF not in items or any(k not in msg for k in MESSAGE_KEYS):
+            raise ValueError(f"a framed message needs {sorted((*MESSAGE_KEYS, OBS_REF, NEXT_REF))}")
+        b = self._validate({**items, OLDEST_KEY: items[OBS_REF]})
+        p = None if priorities is None else np.asarray(priorities, np.float64).reshape(-1)
+        if p is not None and (p.shape != (b,) or not np.all(np.isfinite(p))):
+            raise ValueError(f"priorities must be {b} finite values, got shape {p.shape}")
+        frames = np.asarray(msg[FRAMES])
+        refs = np.concatenate([items[OBS_REF], items[NEXT_REF]])
+        if refs.size and (refs.min() < 0 or refs.max() >= len(frames)):
+            raise ValueError("frame refs out of range")
+        if self._frames is None:
+            k = int(np.asarray(msg[STACK]).reshape(-1)[0])
+            self._frames = FrameRing(self.capacity + 2 * k, frames.shape[1:], frames.dtype, k)
+        elif not self._frames.fits(msg):
+            raise ValueError("frames differ in shape, dtype or stack size from the stored ones")
+        to_abs = self._frames.write(msg)
+        self._evict_stale(self._frames.horizon)
+        items[OBS_REF], items[NEXT_REF] = to_abs[items[OBS_REF]], to_abs[items[NEXT_REF]]
+        items[OLDEST_KEY] = self._frames.oldest(items[OBS_REF])
+        keep = items[OLDEST_KEY] >= self._frames.horizon  # only a message larger than the ring loses some
+        return {k: v[keep] for k, v in items.items()}, None if p is None else p[keep]
+
+    def _evict_stale(self, horizon: int) -> None:
+        """Evict the oldest items through the last one reading a frame before ``horizon``.
+
+        Next-stack refs grow along the FIFO; a stale item's message started less than ``link_age`` after
+        its oldest frame, so every stale item lies among those whose next ref is below the bound.
+        """
+        if self._size == 0:
+            return
+        bound = horizon + self._frames.link_age + self._frames.max_message
+        nxt, first = self._storage[NEXT_REF], (self._cursor - self._size) % self.capacity
+        lo, hi = 0, self._size
+        while lo < hi:  # binary search over the FIFO: O(log n) lookups per add
+            mid = (lo + hi) // 2
+            lo, hi = (mid + 1, hi) if nxt[(first + mid) % self.capacity] < bound else (lo, mid)
+        stale = np.flatnonzero(self._storage[OLDEST_KEY][self._live(lo)] < horizon)
+        if stale.size:
+            self._drop_oldest(int(stale[-1]) + 1)
+
+    def _drop_oldest(self, n: int) -> None:
+        """Evict the n oldest items: no mass, and a new generation so late priority updates miss them."""
+        pos = self._live(n)
+        self._gen[pos] += 1
+        if self._tree is not None:
+            self._tree.update(pos, 0.0)
+        self._size -= n
+
     # --------------------------------------------------------------- sample
     def sample(self, batch_size: int) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
         """One batch: (items incl. ``"_generation"``, indices, float32 weights)."""
@@ -164,12 +242,18 @@ class ReplayBuffer:
         shape = (num_batches, batch_size)
         if self._tree is None:
             idx = self._rng.integers(0, self._size, size=shape, dtype=np.int64)
+            if self._size < self.capacity:  # the live items end at the cursor
+                idx = (idx + self._cursor - self._size) % self.capacity
             weights = np.ones(shape, dtype=np.float32)
         else:
             betas = self._beta_at(self._sample_count + np.arange(num_batches))
             idx, weights = stratified_sample(self._tree, self._rng, self._size, num_batches, batch_size, betas)
         self._sample_count += num_batches
         batch = {k: v[idx] for k, v in self._storage.items()}
+        if self._frames is not None:
+            batch["obs"] = self._frames.stacks(batch.pop(OBS_REF))
+            batch["next_obs"] = self._frames.stacks(batch.pop(NEXT_REF))
+            del batch[OLDEST_KEY]
         batch[GENERATION_KEY] = self._gen[idx]
         return batch, idx, weights
 
@@ -179,7 +263,7 @@ class ReplayBuffer:
         priorities: np.ndarray,
         generations: np.ndarray | None = None,
     ) -> None:
-        """Set raw priorities (|TD|); entries whose generation is stale are skipped."""
+        """Set raw priorities (|TD|); entries for evicted slots or stale generations are skipped."""
         if self._tree is None:
             return
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
@@ -188,14 +272,17 @@ class ReplayBuffer:
             raise ValueError(f"priorities shape {p.shape} != indices shape {idx.shape}")
         if not np.all(np.isfinite(p)):
             raise ValueError("priorities must be finite")
-        if idx.size and (idx.min() < 0 or idx.max() >= self._size):
-            raise IndexError(f"index out of range [0, {self._size})")
+        if idx.size and (idx.min() < 0 or idx.max() >= self.capacity):
+            raise IndexError(f"index out of range [0, {self.capacity})")
+        keep = (idx - self._cursor + self._size) % self.capacity < self._size  # live slots only
+        if self._size == self.capacity:
+            keep[:] = True
         if generations is not None:
             gen = np.asarray(generations, dtype=np.int64).reshape(-1)
             if gen.shape != idx.shape:
                 raise ValueError(f"generations shape {gen.shape} != indices shape {idx.shape}")
-            keep = gen == self._gen[idx]
-            idx, p = idx[keep], p[keep]
+            keep &= gen == self._gen[idx]
+        idx, p = idx[keep], p[keep]
         if idx.size == 0:
             return
         self._max_priority = max(self._max_priority, float(p.max()))
@@ -203,10 +290,12 @@ class ReplayBuffer:
 
     # ---------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
-        """Snapshot made of numpy arrays and python scalars only (arrays copied). Only the filled slots
-        are kept: until the ring is full they are [0, size), the rest is zeros by construction."""
+        """Snapshot made of numpy arrays and python scalars only (arrays copied): the live items in slot
+        order (until the ring wraps, slots [0, size)), the generations of every slot written, and the
+        frame ring of a framed replay under "frames"."""
         rng = self._rng.bit_generator.state
-        n = self._size
+        live = np.sort(self._live())
+        written = self.capacity if self._gen[self._cursor:].any() else self._cursor
         state: dict[str, Any] = {
             "capacity": self.capacity,
             "prioritized": self.prioritized,
@@ -214,9 +303,9 @@ class ReplayBuffer:
             "size": self._size,
             "sample_count": self._sample_count,
             "max_priority": self._max_priority,
-            "generations": self._gen[:n].copy(),
+            "generations": self._gen[:written].copy(),
             "priorities": (
-                self._tree.get(np.arange(n)) if self._tree is not None
+                self._tree.get(live) if self._tree is not None
                 else np.zeros(0, dtype=np.float64)
             ),
             # PCG64 state is two 128-bit ints plus a cached 32-bit half-draw.
@@ -226,23 +315,28 @@ class ReplayBuffer:
             "rng_uinteger": int(rng["uinteger"]),
         }
         for k, v in (self._storage or {}).items():
-            state[_STORAGE_PREFIX + k] = v[:n].copy()
+            state[_STORAGE_PREFIX + k] = v[live]
+        if self._frames is not None:
+            state[_FRAMES_STATE] = self._frames.state_dict()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a :meth:`state_dict` snapshot (capacity and mode must match)."""
         if int(state["capacity"]) != self.capacity or bool(state["prioritized"]) != self.prioritized:
             raise ValueError("state_dict capacity/prioritized mismatch")
-        storage = {k[len(_STORAGE_PREFIX):]: _padded(v, self.capacity)
-                   for k, v in state.items() if k.startswith(_STORAGE_PREFIX)}
-        self._storage = storage or None
         self._cursor = int(state["cursor"])
         self._size = int(state["size"])
+        live = np.sort(self._live())
+        storage = {k[len(_STORAGE_PREFIX):]: _scattered(v, live, self.capacity)
+                   for k, v in state.items() if k.startswith(_STORAGE_PREFIX)}
+        self._storage = storage or None
+        self._frames = FrameRing.from_state(state[_FRAMES_STATE]) if _FRAMES_STATE in state else None
         self._sample_count = int(state["sample_count"])
         self._max_priority = float(state["max_priority"])
-        self._gen = _padded(np.asarray(state["generations"], np.int64), self.capacity)
+        gen = np.asarray(state["generations"], np.int64)
+        self._gen = _scattered(gen, np.arange(len(gen)), self.capacity)
         if self._tree is not None:
-            self._tree.set_all(_padded(np.asarray(state["priorities"], np.float64), self.capacity))
+            self._tree.set_all(_scattered(np.asarray(state["priorities"], np.float64), live, self.capacity))
         self._rng.bit_generator.state = {
             "bit_generator": "PCG64",
             "state": {"state": int(state["rng_state"]), "inc": int(state["rng_inc"])},
@@ -251,8 +345,8 @@ class ReplayBuffer:
         }
 
 
-def _padded(rows: np.ndarray, capacity: int) -> np.ndarray:
-    """A capacity-long copy of the first rows of a ring buffer's array, zeros after them."""
+def _scattered(rows: np.ndarray, slots: np.ndarray, capacity: int) -> np.ndarray:
+    """A capacity-long array with ``rows`` at ``slots`` (a ring buffer's saved slots), zeros elsewhere."""
     out = np.zeros((capacity, *np.shape(rows)[1:]), dtype=np.asarray(rows).dtype)
-    out[:len(rows)] = rows
+    out[slots] = rows
     return out

@@ -18,6 +18,10 @@ run out (short chunks at episode ends; the item count depends on the period, whi
 not told). Growth re-lays the item ring from slot 0, so an item's generation is its serial number:
 a priority update applies only if the slot still holds the item that was sampled.
 
+Stacked frames: a field sent as ``frames/<name>`` (M, chunk_length + k - 1, ...) holds a chunk's first
+stack then one frame per step (`distrl.replay.sequences`); its batches carry step i's stack, frames
+``[i, i + k)`` of the chunk, gathered with one take like every field.
+
 Sampling is proportional to ``priority ** alpha`` over item slots with `SumTree` (stratified,
 importance weights normalised by each batch's max, beta annealed like `ReplayBuffer`) or uniform
 over the ring. Batches are gathered time-major ``(L, B, ...)`` with one flat take per field: item
@@ -25,22 +29,21 @@ i's stored steps sit at ``[pad_left, pad_left + length)``, the rest is zero padd
 """
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from distrl.replay.buffer import GENERATION_KEY
+from distrl.replay.sequence_state import SequenceState
 from distrl.replay.sequences import chunks_per_item
 from distrl.replay.sumtree import SumTree, stratified_sample
 
-_CHUNK = "chunk/"
+_CHUNK, _FRAMES = "chunk/", "frames/"
 _META = ("chunk/key", "chunk/length")
 _ITEM_KEYS = ("item/chunks", "item/offset", "item/pad_left", "item/length", "item/first", "item/state", "version")
 _BATCH_KEYS = {"valid", "first", "state", "version", GENERATION_KEY}
 _MISSING = np.iinfo(np.int64).min
 
 
-class SequenceReplay:
+class SequenceReplay(SequenceState):
     """Prioritized (or uniform) replay of sequence items over shared, refcounted chunks; ``capacity``
     counts stored steps and ``sequence_length`` is L = burn_in + length + n_step."""
 
@@ -65,6 +68,8 @@ class SequenceReplay:
         self._items: dict[str, np.ndarray] = {}          # the item ring; "serial" is -1 when free
         self._head = self._size = self._serial = 0
         self._tree: SumTree | None = None
+        self._stacks: dict[str, int] = {}    # fields kept as frames -> their stack size
+        self._msg_keys: dict[str, str] = {}  # field -> its key in messages
 
     def __len__(self) -> int:
         return self._size
@@ -129,20 +134,26 @@ class SequenceReplay:
     def _validate(self, msg: dict) -> int:
         """Check a message's keys, shapes and windows (allocating storage from the first); its N."""
         fields = {k[len(_CHUNK):]: np.asarray(v) for k, v in msg.items() if k.startswith(_CHUNK) and k not in _META}
+        framed = {k[len(_FRAMES):]: np.asarray(v) for k, v in msg.items() if k.startswith(_FRAMES)}
         missing = [k for k in (*_META, *_ITEM_KEYS) if k not in msg]
-        if missing or not fields or _BATCH_KEYS & set(fields):
-            raise ValueError(f"bad sequence message: missing {missing}, fields {sorted(fields)}")
+        if missing or not fields or _BATCH_KEYS & {*fields, *framed} or set(fields) & set(framed):
+            raise ValueError(f"bad sequence message: missing {missing}, fields {sorted(fields)} {sorted(framed)}")
+        c = next(iter(fields.values())).shape[1]
+        if any(v.ndim < 2 or v.shape[1] < c for v in framed.values()):
+            raise ValueError(f"frames/ fields need at least chunk_length={c} frames per chunk")
+        self._msg_keys = {**{k: _CHUNK + k for k in fields}, **{k: _FRAMES + k for k in framed}}
+        fields.update(framed)
         spec = lambda arrays: {k: (v.shape[1:], v.dtype) for k, v in arrays.items()}
         state = np.asarray(msg["item/state"])
         if self._data is not None and (spec(fields) != spec(self._data)
                                        or state.shape[1:] != self._items["state"].shape[1:]):
             raise ValueError("chunk fields or item/state differ from the stored ones")
-        c, lengths, m = next(iter(fields.values())).shape[1], np.asarray(msg["chunk/length"]), len(msg["chunk/key"])
+        lengths, m = np.asarray(msg["chunk/length"]), len(msg["chunk/key"])
         if any(len(v) != m for v in fields.values()) or lengths.shape != (m,) or np.any((lengths < 1) | (lengths > c)):
             raise ValueError("chunk arrays disagree on M or lengths are out of range")
         n = self._check_windows(msg, c)
         if self._data is None:
-            self._allocate(fields, state)
+            self._allocate(fields, state, stacks={k: v.shape[1] - c + 1 for k, v in framed.items()})
         return n
 
     def _check_windows(self, msg: dict, c: int) -> int:
@@ -188,7 +199,7 @@ class SequenceReplay:
         slots = np.array(self._free[len(self._free) - new.size:][::-1], np.int64)
         del self._free[len(self._free) - new.size:]
         for name, arr in self._data.items():
-            arr[slots] = np.asarray(msg[_CHUNK + name])[new]
+            arr[slots] = np.asarray(msg[self._msg_keys[name]])[new]
         keys = np.asarray(msg["chunk/key"], np.int64)[new]
         self._chunk["key"][slots], self._chunk["length"][slots] = keys, lengths
         self._slot_of.update(zip(keys.tolist(), slots.tolist()))
@@ -251,9 +262,11 @@ class SequenceReplay:
 
     # -------------------------------------------------------------- storage
     def _allocate(self, fields: dict[str, np.ndarray], state: np.ndarray, chunk_slots: int | None = None,
-                  item_slots: int | None = None) -> None:
-        """Empty storage shaped like these chunk fields (M, C, ...) and item states (N, ...)."""
-        c = self._chunk_length = int(next(iter(fields.values())).shape[1])
+                  item_slots: int | None = None, stacks: dict[str, int] | None = None) -> None:
+        """Empty storage shaped like these chunk fields (M, C, ...), of which ``stacks`` are frames (M, C + k - 1,
+        ...) rebuilt into stacks of k, and item states (N, ...)."""
+        self._stacks = dict(stacks or {})
+        c = self._chunk_length = int(next(v for k, v in fields.items() if k not in self._stacks).shape[1])
         n = chunk_slots if chunk_slots is not None else -(-self.capacity // c) + 1
         self._data = {k: np.zeros((n, *v.shape[1:]), v.dtype) for k, v in fields.items()}
         self._chunk = {"key": np.full(n, -1, np.int64), "length": np.zeros(n, np.int64), "refs": np.zeros(n, np.int64)}
@@ -309,7 +322,9 @@ class SequenceReplay:
         flat = np.where(valid, slot * self._chunk_length + r, 0)
         batch = {}
         for name, arr in self._data.items():
-            batch[name] = np.take(arr.reshape(-1, *arr.shape[2:]), flat, axis=0)
+            k = self._stacks.get(name)
+            at = flat if k is None else (slot * arr.shape[1] + np.where(valid, r, 0))[..., None] + np.arange(k)
+            batch[name] = np.take(arr.reshape(-1, *arr.shape[2:]), at, axis=0)
             batch[name][~valid] = 0
         batch["valid"] = valid.astype(np.float32)
         batch["first"] = (p == 0) & it["first"]
@@ -337,55 +352,6 @@ class SequenceReplay:
         if idx.size:
             self._max_priority = max(self._max_priority, float(p.max()))
             self._tree.update(idx, self._leaf_values(p))
-
-    # ---------------------------------------------------------------- state
-    def state_dict(self) -> dict[str, Any]:
-        """Live chunks and items with their slots, counters and RNG: numpy arrays and python scalars."""
-        state: dict[str, Any] = {
-            "capacity": self.capacity, "sequence_length": self.sequence_length, "prioritized": self.prioritized,
-            "counters": np.array([len(self._chunk.get("key", ())), len(self._items.get("serial", ())), self._head,
-                                  self._size, self._serial, self._stored, self.dropped_items, self._sample_count]),
-            "max_priority": np.array([self._max_priority]),
-            "rng": self._rng.bit_generator.state,  # nested dict of str and (128-bit) ints
-        }
-        if self._data is not None:
-            live = np.flatnonzero(self._chunk["key"] >= 0)
-            state["chunks"] = {"slot": live, "free": np.array(self._free, np.int64),
-                               "data": {k: v[live] for k, v in self._data.items()},
-                               "key": self._chunk["key"][live], "length": self._chunk["length"][live]}
-            pos = self._ring(self._size)
-            state["items"] = {k: v[pos] for k, v in self._items.items()}
-            if self._tree is not None:
-                state["items"]["priority"] = self._tree.get(pos)
-        return state
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a `state_dict` snapshot (capacity, sequence_length and mode must match)."""
-        if (int(state["capacity"]), int(state["sequence_length"]), bool(state["prioritized"])) != \
-                (self.capacity, self.sequence_length, self.prioritized):
-            raise ValueError("state_dict capacity/sequence_length/prioritized mismatch")
-        chunk_slots, item_slots, head, size, serial, stored, dropped, count = (int(x) for x in state["counters"])
-        self._clear()
-        if "chunks" in state:
-            ch, items = state["chunks"], state["items"]
-            self._allocate(ch["data"], items["state"], chunk_slots, item_slots)
-            live = np.asarray(ch["slot"], np.int64)
-            for k, v in ch["data"].items():
-                self._data[k][live] = v
-            self._chunk["key"][live], self._chunk["length"][live] = ch["key"], ch["length"]
-            self._slot_of = dict(zip(self._chunk["key"][live].tolist(), live.tolist()))
-            self._free = np.asarray(ch["free"], np.int64).tolist()
-            self._head, self._size = head, size
-            pos = self._ring(size)
-            for k, v in self._items.items():
-                v[pos] = items[k]
-            refs = self._items["chunks"][pos]
-            np.add.at(self._chunk["refs"], refs[refs >= 0], 1)
-            if self._tree is not None:
-                self._tree.update(pos, np.asarray(items["priority"], np.float64))
-        self._serial, self._stored, self.dropped_items, self._sample_count = serial, stored, dropped, count
-        self._max_priority = float(state["max_priority"][0])
-        self._rng.bit_generator.state = state["rng"]
 
 
 def _extend(a: np.ndarray, n: int, fill) -> np.ndarray:

@@ -24,6 +24,12 @@ An item is emitted as soon as every chunk it touches is closed (full, or its epi
 so a chunk is final when its data is sent. The adder keeps, per env, only the chunks a
 future item can still touch and the recurrent states at future item starts.
 
+Stacked frames (``frame_stack`` k > 0, for the "obs" field): a chunk keeps that field as ``chunk_length
++ k - 1`` frames, its first step's whole stack then each step's newest frame, so step i's stack is
+frames ``[i, i + k)``. A chunk never spans an episode start, and each written stack is checked to be
+the one rebuilt (an env whose stacks do not shift by one frame is refused). These travel as
+``frames/obs`` instead of ``chunk/obs``.
+
 Chunk keys are ``base << 23 | counter`` with a 40-bit base per stream drawn from the seeded
 generator mixed with ``os.urandom``: unique across envs and workers by chance, and across
 worker restarts (which replay a seed) thanks to the OS entropy.
@@ -34,7 +40,10 @@ import os
 
 import numpy as np
 
+from distrl.replay.frames import as_bytes
+
 ADDED_FIELDS = ("discount", "mask")
+FRAMED_FIELD = "obs"  # the field kept as frames when frame_stack > 0
 _COUNTER_BITS = 23
 _BASE_BITS = 40
 
@@ -90,7 +99,7 @@ class SequenceAdder:
     """
 
     def __init__(self, num_envs: int, sequence_length: int, period: int, burn_in: int,
-                 chunk_length: int, seed: int):
+                 chunk_length: int, seed: int, frame_stack: int = 0):
         if num_envs < 1 or period < 1 or chunk_length < 1 or burn_in < 0:
             raise ValueError("need num_envs, period, chunk_length >= 1 and burn_in >= 0")
         if sequence_length <= burn_in:
@@ -101,6 +110,7 @@ class SequenceAdder:
         self.burn_in = int(burn_in)
         self.chunk_length = int(chunk_length)
         self.chunks_per_item = chunks_per_item(self.sequence_length, self.chunk_length)
+        self.frame_stack = int(frame_stack)
         rng = np.random.Generator(np.random.PCG64(seed))
         self._keys = [_Keys(rng) for _ in range(self.num_envs)]
         self._episodes = [_Episode() for _ in range(self.num_envs)]
@@ -185,8 +195,26 @@ class SequenceAdder:
         chunk = ep.chunks.get(j)
         if chunk is None:
             data = {k: np.zeros((self.chunk_length, *shape), dtype) for k, (shape, dtype) in self._specs.items()}
+            if self.frame_stack:
+                shape, dtype = self._specs[FRAMED_FIELD]
+                data[FRAMED_FIELD] = np.zeros((self.chunk_length + self.frame_stack - 1, *shape[1:]), dtype)
             chunk = ep.chunks[j] = _Chunk(self._keys[e].next(), data)
         return chunk
+
+    def _put(self, chunk: _Chunk, name: str, r: int, rows: np.ndarray) -> None:
+        """Chunk rows [r, r + len(rows)) of a field: as they are, or as frames (see the module doc)."""
+        dst = chunk.data[name]
+        if not (self.frame_stack and name == FRAMED_FIELD):
+            dst[r:r + len(rows)] = rows
+            return
+        k = self.frame_stack
+        if r == 0:
+            dst[:k - 1] = rows[0, :-1]
+        dst[k - 1 + r:k - 1 + r + len(rows)] = rows[:, -1]
+        rebuilt = np.moveaxis(np.lib.stride_tricks.sliding_window_view(dst, k, axis=0)[r:r + len(rows)], -1, 1)
+        if not np.array_equal(as_bytes(rebuilt), as_bytes(rows)):
+            raise ValueError(f"{name!r} stacks do not shift by one frame per step within an episode, as "
+                             f"frame_stack={k} says: this env cannot store its frames once")
 
     def _write(self, ep: _Episode, e: int, data, states, t0: int, t1: int) -> None:
         """Copy fragment rows [t0, t1) of env e into the episode's chunks, one slice per chunk."""
@@ -200,7 +228,7 @@ class SequenceAdder:
             n = min(self.chunk_length - r, b - pos)
             src = t0 + pos - a
             for name, arr in data.items():
-                chunk.data[name][r:r + n] = arr[src:src + n, e]
+                self._put(chunk, name, r, arr[src:src + n, e])
             chunk.length = r + n
             pos += n
         ep.stored = ep.real = b
@@ -217,7 +245,7 @@ class SequenceAdder:
         j, r = divmod(ep.stored, self.chunk_length)
         chunk = self._chunk(ep, e, j)
         for name, arr in next_obs.items():
-            chunk.data[name][r] = arr[t, e]
+            self._put(chunk, name, r, arr[t, e][None])
         chunk.length = r + 1
         ep.stored += 1
         ep.ended = True
@@ -257,9 +285,12 @@ class SequenceAdder:
         msg = {"chunk/key": np.array([c.key for c in send], np.int64),
                "chunk/length": np.array([c.length for c in send], np.int32)}
         for name in self._stored:
+            framed = self.frame_stack and name == FRAMED_FIELD
             shape, dtype = self._specs[name]
-            msg["chunk/" + name] = (np.stack([c.data[name] for c in send]) if send
-                                    else np.zeros((0, self.chunk_length, *shape), dtype))
+            empty = (0, self.chunk_length + self.frame_stack - 1, *shape[1:]) if framed \
+                else (0, self.chunk_length, *shape)
+            msg[("frames/" if framed else "chunk/") + name] = (np.stack([c.data[name] for c in send]) if send
+                                                               else np.zeros(empty, dtype))
         keys = np.full((len(items), self.chunks_per_item), -1, np.int64)
         for i, it in enumerate(items):
             keys[i, :len(it["chunks"])] = [c.key for c in it["chunks"]]

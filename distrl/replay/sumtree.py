@@ -46,6 +46,11 @@ class SumTree:
         return float(self._tree[1])
 
     @property
+    def nbytes(self) -> int:
+        """Bytes of the node array."""
+        return int(self._tree.nbytes)
+
+    @property
     def max_value(self) -> float:
         """Running maximum of every leaf value ever stored (never decreases).
 

@@ -17,10 +17,13 @@ EVAL_SEED_OFFSET = 10_000
 
 
 def play_greedy(policy: Policy, env_id: str, episodes: int, seed: int, env_kwargs: dict | None = None,
-                max_steps: int = 1_000_000, multi_agent: bool = False) -> tuple[np.ndarray, list[dict]]:
+                max_steps: int = 1_000_000, multi_agent: bool = False, *, wrappers: list | None = None,
+                preset: str = "none") -> tuple[np.ndarray, list[dict]]:
     """Returns of `episodes` greedy episodes, one env each, with batched inference, and each episode's
-    metrics (multi-agent envs report them: success, makespan, ...; gymnasium ones none)."""
-    envs = make_vector_env(env_id, episodes, seed, env_kwargs, multi_agent)
+    metrics (multi-agent envs report them: success, makespan, ...; gymnasium ones none). The envs are
+    evaluation envs: without the train-only wrappers (whole games, the game's own rewards)."""
+    envs = make_vector_env(env_id, episodes, seed, env_kwargs, multi_agent, wrappers=wrappers, preset=preset,
+                           training=False)
     policy.episodes_ended(np.ones(episodes, bool))  # each greedy episode starts from a fresh state
     returns = np.full(episodes, np.nan)
     infos: list[dict] = [{} for _ in range(episodes)]
@@ -101,6 +104,8 @@ class Evaluation:
         self.start_time = start_time
         self.best = tuple(best)  # the run's best when this process started; the driver keeps the true one
         self.evaluations = evaluations  # evaluation i plays seeds derived from i
+        self.video_every_s = getattr(eval_cfg, "video_every_s", None)
+        self.last_video: float | None = None  # when the last evaluation video was filmed (time.monotonic)
 
     def evaluate(self, weights: Weights, version: int, env_steps: int = 0) -> dict:
         with tracer().span("evaluate", "evaluation", version=version):
@@ -110,7 +115,7 @@ class Evaluation:
         self.policy.set_weights(weights, version)
         seed = self.seed + EVAL_SEED_OFFSET + self.evaluations * self.eval_cfg.episodes
         rets, infos = play_greedy(self.policy, self.env.id, self.eval_cfg.episodes, seed, self.env.kwargs,
-                                  multi_agent=self.multi_agent)
+                                  multi_agent=self.multi_agent, wrappers=self.env.wrappers, preset=self.env.preset)
         self.evaluations += 1
         now = time.time()
         mean = float(np.mean(rets))
@@ -121,7 +126,22 @@ class Evaluation:
         if rank(result) > self.best:
             self.best = rank(result)
             result["weights"] = weights
+        every, last = self.video_every_s, self.last_video
+        if every is not None and (last is None or time.monotonic() - last >= every):
+            result["video"] = self._film(seed)
         return result
+
+    def _film(self, seed: int) -> dict:
+        """The first episode of this evaluation again, filmed (`eval.video_every_s`); a failure is reported
+        in the result, once, and ends the filming (the run goes on)."""
+        from distrl.roles.filming import evaluation_video
+
+        self.last_video = time.monotonic()
+        try:
+            return evaluation_video(self.policy, self.env, seed, self.multi_agent)
+        except Exception as e:  # noqa: BLE001 - a video is never worth a run
+            self.video_every_s = None
+            return {"error": " ".join(str(e).split())[:300] or type(e).__name__}
 
 
     def _solved(self, mean: float, metrics: dict) -> bool:

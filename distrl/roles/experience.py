@@ -18,6 +18,13 @@ class ExperienceServer:
     def __len__(self) -> int:
         return len(self.store)
 
+    @property
+    def bytes_per_item(self) -> float | None:
+        """Real bytes the replay holds per stored item (per stored step for sequence replay; frames counted
+        once where observations stack them); None for the on-policy FIFO."""
+        value = getattr(self.store, "bytes_per_item", None)
+        return None if value is None else float(value)
+
     def add(self, data: dict[str, np.ndarray], priorities: np.ndarray | None, fragment_id: int = 0) -> None:
         with tracer().span("replay_add", "replay"):
             tracer().flow_in("fragment", fragment_id)

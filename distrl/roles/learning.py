@@ -30,7 +30,8 @@ def learn_block(learner: Learner, block: Block, stats: TrainStats) -> np.ndarray
         batch = {key: v[i] for key, v in batches.items()}
         if weights is not None:
             batch["weights"] = weights[i]
-        stats.lags.append(float(learner.updates - batch["version"].mean()))
+        if "version" in batch:  # a dataset's items were made by no weights: no lag
+            stats.lags.append(float(learner.updates - batch["version"].mean()))
         out = learner.update(batch)
         stats.consumed += 1
         if out.get("nonfinite"):  # no step was taken: nothing to log or to send back to replay

@@ -7,6 +7,7 @@ import time
 import numpy as np
 
 from distrl.core import Fragment, FragmentInfo, Policy, Trajectory
+from distrl.data.recorder import EpisodeRecorder
 from distrl.observe.trace import tracer
 
 
@@ -17,12 +18,14 @@ class Rollout:
     carries those for every step and, as next_*, for the one after.
     """
 
-    def __init__(self, policy: Policy, envs, fragment_length: int, worker_index: int):
+    def __init__(self, policy: Policy, envs, fragment_length: int, worker_index: int, record: bool = False):
         self.policy, self.envs = policy, envs  # a VectorEnv or MultiAgentVectorEnv (roles.factory.make_rollout)
         self.fragment_length = fragment_length
         self.worker_index = worker_index
         self.env_steps = 0
         self.fragments = 0
+        # log.dataset: whole episodes travel with the fragment's info to the driver, the dataset's one writer
+        self.recorder = EpisodeRecorder(envs.obs) if record else None
 
     def get_state(self) -> dict:
         """Exploration and RNG state (JSON-exact). Env internals are not captured: on
@@ -43,6 +46,8 @@ class Rollout:
         self.envs.set_rng_states(state["env_rngs"])
         self.envs.reset_all()
         self.policy.episodes_ended(np.ones(self.envs.num_envs, bool))
+        if self.recorder is not None:
+            self.recorder.restart(self.envs.obs)
 
     def sample(self) -> Fragment:
         """T steps of every env, then the fragment the policy makes of them (traced as one `sample` span)."""
@@ -57,7 +62,7 @@ class Rollout:
     def _sample(self, tr) -> Fragment:
         T, E, envs = self.fragment_length, self.envs.num_envs, self.envs
         buf = Buffers(T)
-        returns, lengths = [], []
+        returns, lengths, episodes = [], [], []
         t_act = t_env = 0.0
         errors_before, version = envs.env_errors, self.policy.version
         for t in range(T):
@@ -69,6 +74,8 @@ class Rollout:
             buf.put(t, **_named(obs, ""), actions=a, **ex)  # before the step: VectorEnv updates obs in place
             nxt, rewards, terminated, truncated, finished = envs.step(a)
             buf.put(t, rewards=rewards, terminated=terminated, truncated=truncated, **_named(nxt, "next_"))
+            if self.recorder is not None:
+                episodes += self.recorder.step(a, rewards, terminated, truncated, nxt, envs.obs)
             self.policy.episodes_ended(terminated | truncated)
             for ret, length in finished:
                 returns.append(ret)
@@ -87,6 +94,7 @@ class Rollout:
             episode_returns=np.asarray(returns, np.float64), episode_lengths=np.asarray(lengths, np.int64),
             timings={"env_s": t_env, "inference_s": t_act + time.time() - t0},
             env_errors=envs.env_errors - errors_before, pid=os.getpid(), items=len(data["version"]),
+            episodes=episodes,
         )
         return Fragment(data, priorities, info)
 

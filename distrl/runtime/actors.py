@@ -1,7 +1,8 @@
 """The five roles as Ray actors. Each hosts a ray-free job from `distrl.roles`.
 
-Torch-heavy imports happen inside the actors that need torch, so the parameter
-server, replay server, workers and evaluator start without it.
+An actor is given its peers by name (`peer`): Ray re-creates a dead actor from its
+constructor arguments, and names are plain data that always travel with them
+(`distrl.runtime.ray_start`).
 
 Every actor is created with enable_task_events=False: Ray would otherwise record
 and ship to the GCS a status event per call (hundreds per second here) for a
@@ -18,35 +19,14 @@ import ray
 from ray.exceptions import RayTaskError
 
 from distrl.config import from_dict
-from distrl.acting import Inference, rows_of
 from distrl.core import TrainStats, Weights
-from distrl.observe.trace import configure, tracer
+from distrl.observe.trace import tracer
 from distrl.roles.factory import trace_settings
 from distrl.roles.learning import LearnerIO
+from distrl.runtime.actor_base import HEALTH, Traced, peer, start_tracing
+from distrl.runtime.inference import RemoteInference
 from distrl.runtime.pacing import learner_loop
 from distrl.runtime.ray_setup import ACTOR_GONE, HeapTrimmer
-
-
-def start_tracing(trace: tuple[bool, int], role: str, index: int | None = None) -> None:
-    """This actor's tracer: (enabled, ring size) from the config, labelled with its role and Ray node."""
-    enabled, capacity = trace
-    configure(role, index, enabled, capacity, node=ray.get_runtime_context().get_node_id()[:8])
-
-
-# Roles answer `pid` (the driver's health check) on a thread of its own, so a role busy in a long call
-# (an evaluation, a big checkpoint) still answers, and only a stopped or lost process goes silent.
-HEALTH = {"health": 1}
-
-
-class Traced:
-    """Lets the driver collect what this actor recorded and check that its process answers."""
-
-    def drain_trace(self) -> dict:
-        return tracer().drain()
-
-    @ray.method(concurrency_group="health")
-    def pid(self) -> int:
-        return os.getpid()
 
 
 @ray.remote(num_cpus=0, enable_task_events=False, concurrency_groups=HEALTH)
@@ -147,6 +127,9 @@ class ReplayServer(Traced):
     def digest(self) -> str | None:
         return self.experience.digest()
 
+    def bytes_per_item(self) -> float | None:
+        return self.experience.bytes_per_item
+
     def load(self, state) -> None:
         self.experience.load(state)
 
@@ -163,9 +146,9 @@ class RolloutWorker(Traced):
         self.policy = acting_policy(cfg, worker_index, num_workers)
         self.remote = None  # central inference: the network runs on the InferenceServer
         if inference is not None:
-            self.policy.inference = self.remote = RemoteInference(inference, worker_index, self.policy)
+            self.policy.inference = self.remote = RemoteInference(peer(inference), worker_index, self.policy)
         self.rollout = make_rollout(cfg, self.policy, cfg.seed + worker_index, worker_index)
-        self.ps = ps
+        self.ps = peer(ps)
         self.pending = None  # an in-flight pull, overlapped with stepping
         self.pull_s = 0.0
         self.last_return = None  # when the previous fragment left: the gap is idle + transfer
@@ -218,35 +201,6 @@ class RolloutWorker(Traced):
         self.rollout.set_state(state)
 
 
-class RemoteInference(Inference):
-    """A worker's policy reaching its network on the InferenceServer: one round trip per env step."""
-
-    def __init__(self, server, worker_index: int, policy):
-        self.server, self.worker, self.policy = server, worker_index, policy
-        self.resets = None  # envs that start an episode before the next step (None: none)
-        self.fresh = True   # a new process: every env starts one
-
-    def step(self, obs):
-        reset = np.ones(rows_of(obs), bool) if self.fresh else self.resets
-        self.fresh, self.resets = False, None
-        out, self.policy.version = ray.get(self.server.step.remote(self.worker, obs, reset))
-        return out
-
-    def forward(self, obs, state):
-        return ray.get(self.server.forward.remote(obs, state))
-
-    def reset(self, done) -> None:
-        done = np.asarray(done, bool)
-        self.resets = done.copy() if self.resets is None or len(self.resets) != len(done) else self.resets | done
-
-    def refresh(self, blocking: bool) -> None:
-        """Have the server pull newer weights: before this fragment's first step (sync mode) or alongside it."""
-        ref = self.server.refresh.remote()
-        if blocking or self.policy.version < 0:
-            with tracer().span("pull_weights", "transfer"):
-                self.policy.version = ray.get(ref)
-
-
 class RayIO(LearnerIO):
     """The Learner actor's data path: blocks from the ReplayServer, weights to the ParameterServer."""
 
@@ -283,6 +237,7 @@ class Learner(Traced):
     """Hosts the `LearnerLoop`: the only optimizer.step(), prefetching its next block while it trains."""
 
     def __init__(self, cfg_dict: dict, ps, replay, device: str, gradient_workers: list | None = None):
+        """`ps`, `replay`, `gradient_workers`: the peers' names (or handles)."""
         from distrl.roles.factory import make_algorithm
         from distrl.threads import one_compute_thread
 
@@ -291,9 +246,9 @@ class Learner(Traced):
         start_tracing(trace_settings(cfg), "learner")
         learner = make_algorithm(cfg).make_learner(device)
         if gradient_workers:
-            learner.use_gradient_workers(ray_gradient_fn(gradient_workers, cfg.fault.role_timeout_s),
+            learner.use_gradient_workers(ray_gradient_fn([peer(g) for g in gradient_workers], cfg.fault.role_timeout_s),
                                          len(gradient_workers))
-        self.loop = learner_loop(learner, cfg, RayIO(ps, replay))
+        self.loop = learner_loop(learner, cfg, RayIO(peer(ps), peer(replay)))
         self.trimmer = HeapTrimmer()
 
 
@@ -324,9 +279,13 @@ class Evaluator(Traced):
         cfg = from_dict(cfg_dict)
         start_tracing(trace_settings(cfg), "evaluator")
         self.evaluation = make_evaluation(cfg, start_time, resume)
-        self.ps = ps
+        self.ps = peer(ps)
         self.version = -1
         self.weights = None
+
+    def resume(self, evaluations: int, best: tuple) -> None:
+        """After a restart: the run's evaluations and best so far (its constructor had the run's start)."""
+        self.evaluation.evaluations, self.evaluation.best = evaluations, tuple(best)
 
     def evaluate(self, env_steps: int) -> tuple[int, dict | None]:
         """(this process's id, the result): a new id tells the driver the actor was restarted."""
@@ -370,9 +329,32 @@ class GradientWorker(Traced):
             return shard_gradient(self.replica, weights, shard)
 
 
-def ray_gradient_fn(workers: list, timeout_s: float):
-    """Shard i goes to gradient worker i; the weights travel once through the object store."""
+class GradientTimeout(RuntimeError):
+    """Gradient workers did not answer within three times fault.role_timeout_s, though each answers its
+    health check (the driver ends and restarts a hung one)."""
+
+
+def ray_gradient_fn(workers: list, timeout_s: float, retries: int = 3):
+    """Shard i goes to gradient worker i; the weights travel once through the object store. A shard whose
+    worker died (and whose call Ray's own retries did not save) goes again to its restarted process."""
     def run(weights: Weights, shards: list[dict]) -> list:
         ref = ray.put(weights)
-        return ray.get([w.gradients.remote(ref, s) for w, s in zip(workers, shards)], timeout=timeout_s)
+        calls = {i: w.gradients.remote(ref, s) for i, (w, s) in enumerate(zip(workers, shards))}
+        out, tries, deadline = {}, dict.fromkeys(calls, 0), time.time() + 3 * timeout_s
+        while calls:
+            ready, _ = ray.wait(list(calls.values()), num_returns=len(calls), timeout=1.0)
+            for i, call in list(calls.items()):
+                if call not in ready:
+                    continue
+                try:
+                    out[i] = ray.get(call)
+                    del calls[i]
+                except ACTOR_GONE:
+                    tries[i] += 1
+                    if tries[i] > retries:
+                        raise
+                    calls[i] = workers[i].gradients.remote(ref, shards[i])
+            if calls and time.time() > deadline:
+                raise GradientTimeout(f"gradient workers {sorted(calls)} sent no gradient within 3 x {timeout_s:g} s")
+        return [out[i] for i in range(len(shards))]
     return run

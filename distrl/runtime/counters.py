@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from distrl.core import Restarts
+
 
 class Reservoir:
     """A uniform sample of at most `size` values from a stream (Vitter's algorithm R).
@@ -39,6 +41,7 @@ class Counters:
     consumed: int = 0  # batches the learner took (updates + dropped stale gradients)
     dropped: int = 0
     worker_restarts: int = 0
+    restarts: dict = field(default_factory=dict)  # per role, as summary.json's Restarts: what a resume adds to
     fragments_dropped: int = 0
     env_errors: int = 0
     episodes: int = 0
@@ -93,3 +96,22 @@ def counters_from_meta(meta: dict) -> Counters:
     c = Counters(**{k: v for k, v in meta.items() if k in {f.name for f in dataclasses.fields(Counters)}})
     c.best_eval = -math.inf if c.best_eval is None else c.best_eval
     return c
+
+
+def restarts_in(state: dict) -> Restarts:
+    """The role restarts a checkpoint recorded (none for a checkpoint without them): a resumed run counts on
+    from there, so summary.json's restarts are the whole run's."""
+    counted = ((state.get("meta") or {}).get("counters") or {}).get("restarts") or {}
+    known = {f.name for f in dataclasses.fields(Restarts)} - {"workers_lost"}  # lost workers are this run's
+    return Restarts(**{k: int(v) for k, v in counted.items() if k in known})
+
+
+def plus(a: Restarts, b: Restarts) -> Restarts:
+    """Restarts `a` and then `b` (workers lost: `b`'s, a state rather than a count)."""
+    return Restarts(**{f.name: getattr(b, f.name) + (0 if f.name == "workers_lost" else getattr(a, f.name))
+                       for f in dataclasses.fields(Restarts)})
+
+
+def note_restarts(c: Counters, restarts: Restarts) -> None:
+    """Keep the roles' restarts in the counters: metrics.csv's worker_restarts, and what a checkpoint records."""
+    c.worker_restarts, c.restarts = restarts.workers, dataclasses.asdict(restarts)

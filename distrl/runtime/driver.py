@@ -11,22 +11,32 @@ import numpy as np
 
 from distrl.checkpoint import save_json
 from distrl.config import Config
-from distrl.core import NONFINITE, Gathered, RoleLost, RoleRestarted, Roles, TrainStats, add_to_sums
+from distrl.core import Gathered, RoleLost, RoleRestarted, Roles, TrainStats, add_to_sums
 from distrl.observe import MetricsLogger
 from distrl.observe.trace import tracer
 from distrl.observe.trace_segments import write_run_trace
 from distrl.registry import on_policy
 from distrl.runtime.pacing import fragments_per_update, make_rate_limiter
 from distrl.roles.evaluation import rank, save_best, saved_rank
-from distrl.runtime.counters import Counters
+from distrl.runtime.counters import Counters, note_restarts
+from distrl.runtime.rows import metrics_row, run_summary
 from distrl.runtime.snapshot import save_checkpoint
 
 
 FAILURE_LOG = "failure.log"  # the traceback of a fault that ended a run, for a bug report
 
 
-def _mean(xs) -> float | None:
-    return float(np.mean(xs)) if len(xs) else None
+def episode_log(cfg: Config, run_dir: str, append: bool):
+    """log.dataset's writer: every episode the workers play, with the run's seed and config as metadata."""
+    from distrl.config import to_dict
+    from distrl.data.datasets import DatasetWriter
+    from distrl.roles.factory import spec_of
+
+    spec = spec_of(cfg.env, multi_agent=False)
+    meta = {"source": "training", "algo": cfg.algo, "env": cfg.env.id, "seed": cfg.seed, "run_dir": run_dir,
+            "config": to_dict(cfg)}
+    return DatasetWriter(cfg.log.dataset, spec.observation_space, spec.action_space, meta, append=append)
+
 
 
 def one_line(e: BaseException) -> str:
@@ -39,7 +49,8 @@ class Driver:
         self.cfg, self.roles, self.run_dir, self.start = cfg, roles, run_dir, start_time
         self.c = counters or Counters()
         self.logger = MetricsLogger(run_dir, cfg.log.tensorboard, cfg.log.progress, append=counters is not None,
-                                    total_steps=cfg.stop.max_env_steps, initial_steps=self.c.env_steps)
+                                    total_steps=cfg.stop.max_env_steps, initial_steps=self.c.env_steps,
+                                    cfg=cfg)  # issue 28: cfg for the trackers (log.wandb, log.mlflow)
         self.checkpoint_s: list[float] = []
         self.last_checkpoint = time.time()
         self.stop_requested: str | None = None
@@ -47,6 +58,7 @@ class Driver:
         self.abort = False  # a second interrupt: wind down without waiting on anything
         self.interruptible = True  # False once only summary.json is left to write: later interrupts wait for it
         self.on_policy = on_policy(cfg.algo)
+        self.offline = cfg.data.dataset is not None  # the replay holds a dataset: no workers, no rate limiter
         self.distributed = cfg.mode != "single"  # its gathers wait on other processes
         self.fpu = fragments_per_update(cfg)
         self.last_eval_submit = 0.0
@@ -57,11 +69,14 @@ class Driver:
         self.blocked_at_log = (self.c.workers_blocked_s, self.c.learner_blocked_s)
         self.last_tick = time.time()
         self.best_rank = saved_rank(run_dir)
+        self.dataset = episode_log(cfg, run_dir, append=counters is not None) if cfg.log.dataset else None
 
     # --- budget: the rate limiter (replay) or one update per batch of fragments (on-policy) ---
     def update_budget(self, exact: bool = False) -> int:
         """Updates the learner may start now (`exact`: hold the ratio with no buffer, for a run's end)."""
         inflight = self.roles.updates_in_flight()
+        if self.offline:  # as many as a learner call takes: the data never runs out
+            return 4 * self.cfg.learner.batches_per_call - inflight
         if self.on_policy:  # each fragment is used exactly once
             return self.c.fragments // self.fpu - self.c.consumed - inflight
         limiter = make_rate_limiter(self.cfg, self.c.inserts, self.c.samples, exact)
@@ -69,6 +84,8 @@ class Driver:
 
     def sampling_allowed(self) -> bool:
         """Workers are held back while the learner is behind (the rate limiter, or a full FIFO)."""
+        if self.offline:
+            return False
         if self.on_policy:
             return self.c.fragments - self.c.consumed * self.fpu < self.cfg.queue.capacity
         # Room for one more item is enough: a gather then overshoots by at most its own size, and asking
@@ -132,9 +149,11 @@ class Driver:
 
     def _count_fragments(self, gathered: Gathered) -> None:
         self.c.fragments_dropped += gathered.failed
-        self.c.worker_restarts = self.roles.restarts().workers
+        note_restarts(self.c, self.roles.restarts())
         self.c.inserts += sum(info.items for info in gathered.infos)
         for info in gathered.infos:
+            if self.dataset is not None:
+                self.dataset.add(info.episodes)
             self.c.env_errors += info.env_errors
             self.c.env_steps += info.env_steps
             self.c.fragments += 1
@@ -182,6 +201,7 @@ class Driver:
 
     def _evaluate(self, block: bool = False) -> None:
         for result in self.roles.poll_eval(block=block, timeout=60.0):
+            self.logger.eval_result(result)  # issue 28: an evaluation's video (eval.video_every_s), taken out
             self._keep_if_best(result)
             self.c.eval_last = result
             self.c.evaluations += 1
@@ -215,6 +235,8 @@ class Driver:
             return "solved"
         if self.stop_requested:
             return self.stop_requested
+        if self.logger.stop_request:  # issue 28: a sweep's scheduler stopped this run early (RUN_DIR/stop_request.json)
+            return self.logger.stop_request
         if self.c.worker_restarts > fault.max_worker_restarts:
             self.failure = (f"stopped: {self.c.worker_restarts} rollout-worker restarts exceed "
                             f"fault.max_worker_restarts={fault.max_worker_restarts}")
@@ -233,32 +255,15 @@ class Driver:
             return "max_seconds"
         if self.cfg.stop.max_env_steps and self.c.env_steps >= self.cfg.stop.max_env_steps:
             return "max_env_steps"
+        if self.cfg.stop.max_updates and self.c.updates >= self.cfg.stop.max_updates:
+            return "max_updates"
         return None
 
     def _log_row(self) -> None:
         now = time.time()
-        dt = max(now - self.last_log, 1e-9)
-        c, ev = self.c, self.c.eval_last or {}
-        row = {
-            "wall_s": round(now - self.start, 3), "env_steps": c.env_steps, "updates": c.updates,
-            "episodes": c.episodes,
-            "env_steps_per_s": round((c.env_steps - self.last_log_steps) / dt, 1),
-            "updates_per_s": round((c.updates - self.last_log_updates) / dt, 2),
-            "train_return_mean": _mean(c.recent_returns),
-            "eval_return_mean": ev.get("return_mean"), "eval_return_std": ev.get("return_std"),
-            "eval_success_rate": (ev.get("metrics") or {}).get("success_rate"),
-            "best_eval_return": c.best_eval if c.evaluations else None,
-            "policy_lag_mean": _mean(c.lags), "policy_lag_max": max(c.lags) if c.lags else None,
-            "loss": c.loss_sum / c.loss_n if c.loss_n else None,
-            "workers_ready_mean": _mean(c.ready), "workers_late_mean": _mean(c.late),
-            "fragments_dropped": c.fragments_dropped, "worker_restarts": c.worker_restarts,
-            "env_errors": c.env_errors, "gradients_dropped": c.dropped, "weight_version": c.version,
-            "nonfinite_updates": c.nonfinite_updates,
-            "workers_blocked_frac": round((c.workers_blocked_s - self.blocked_at_log[0]) / dt, 3),
-            "learner_blocked_frac": round((c.learner_blocked_s - self.blocked_at_log[1]) / dt, 3),
-        }
-        learner = {k: total if k.startswith(NONFINITE) else total / n for k, (total, n) in sorted(c.learner_scalars.items()) if n}
+        row, learner = metrics_row(self, now)
         self.logger.row(row, learner)
+        c = self.c
         c.lags, c.ready, c.late, c.learner_scalars = [], [], [], {}
         c.loss_sum, c.loss_n = 0.0, 0
         self.last_log, self.last_log_steps, self.last_log_updates = now, c.env_steps, c.updates
@@ -295,7 +300,7 @@ class Driver:
         restarts = self.roles.restarts()
         try:
             restarts = self._attempt(lambda: self.roles.restarts(exact=healthy)) or restarts
-            self.c.worker_restarts = restarts.workers
+            note_restarts(self.c, restarts)
             self._log_row()
             # A resumable run, whatever stopped it; after a fault within a bound, after a second interrupt at once.
             self._attempt(lambda: self._checkpoint(attempts=2), within_s=5.0 if self.abort else None if healthy else 30.0)
@@ -303,12 +308,18 @@ class Driver:
         except KeyboardInterrupt:  # a second interrupt during the last checkpoint: the summary still says so
             self.interruptible = False
             self.abort, self.failure = True, "stopped at once by a second interrupt"
-        summary = self._summary(reason, restarts)
+        summary = run_summary(self, reason, restarts, self._replay_bytes() if healthy and not self.abort else None)
         if not self.abort:
             self._attempt(self._write_trace)
         save_json(os.path.join(self.run_dir, "summary.json"), summary)
-        self.logger.close()
+        self.logger.close(summary)  # issue 28: the trackers get the summary and the best checkpoint
         return summary
+
+    def _replay_bytes(self) -> float | None:
+        try:
+            return self.roles.replay_bytes_per_item()
+        except Exception:  # noqa: BLE001 - a figure for the summary is no reason to fail a finished run
+            return None
 
     def _last_evaluation(self) -> None:
         if not self.roles.eval_busy() and self.c.updates > 0:
@@ -351,45 +362,3 @@ class Driver:
             write_run_trace(self.run_dir, drained, self.start,
                             {"mode": self.cfg.mode, "algo": self.cfg.algo, "env": self.cfg.env.id})
 
-    def _rate_summary(self, wall: float) -> dict:
-        """Which side waited for the other, and the ratio that held."""
-        c = self.c
-        out = {"workers_blocked_s": round(c.workers_blocked_s, 3), "learner_blocked_s": round(c.learner_blocked_s, 3),
-               "workers_blocked_frac": round(c.workers_blocked_s / max(wall, 1e-9), 3),
-               "learner_blocked_frac": round(c.learner_blocked_s / max(wall, 1e-9), 3)}
-        if not self.on_policy:
-            limiter = make_rate_limiter(self.cfg, c.inserts, c.samples)
-            ratio = limiter.observed_ratio()
-            out.update(inserts=c.inserts, samples=c.samples, samples_per_insert=self.cfg.replay.samples_per_insert,
-                       samples_per_insert_observed=None if ratio is None else round(ratio, 3),
-                       error_buffer=limiter.error_buffer)
-        return out
-
-    def _summary(self, reason: str, restarts) -> dict:
-        wall = time.time() - self.start
-        lags = self.c.all_lags.values() if self.c.all_lags.seen else np.zeros(1)
-        c, cfg = self.c, self.cfg
-        return {
-            "algo": cfg.algo, "env": cfg.env.id, "mode": cfg.mode,
-            "workers": 1 if cfg.mode == "single" else cfg.workers, "seed": cfg.seed,
-            "wall_s": round(wall, 3), "env_steps": c.env_steps, "updates": c.updates,
-            "episodes": c.episodes, "env_steps_per_s": round(c.env_steps / max(wall, 1e-9), 1),
-            "best_eval_return": c.best_eval if c.evaluations else None,
-            "solved": c.solved_at is not None,
-            "time_to_solve_s": round(c.solved_at, 3) if c.solved_at is not None else None,
-            "stop_reason": reason, "evaluations": c.evaluations,
-            "gradients_dropped": c.dropped, "nonfinite_updates": c.nonfinite_updates, "worker_restarts": restarts.workers,
-            "fragments_dropped": c.fragments_dropped, "env_errors": c.env_errors,
-            "evaluator_restarts": restarts.evaluator, "replay_restarts": restarts.replay,
-            "replay_refilled_items": restarts.replay_refilled,
-            "learner_restarts": restarts.learner, "parameter_server_restarts": restarts.parameter_server,
-            "inference_restarts": restarts.inference, "workers_lost": restarts.workers_lost, "updates_lost": c.updates_lost,
-            "failure": self.failure,
-            "policy_lag": {"mean": float(lags.mean()), "p50": float(np.percentile(lags, 50)),
-                           "p90": float(np.percentile(lags, 90)), "max": float(lags.max())},
-            "rate_limiter": self._rate_summary(wall),
-            "time_breakdown_s": {k: round(v, 3) for k, v in self.roles.time_breakdown().items()},
-            "checkpoints": len(self.checkpoint_s),
-            "checkpoint_s_max": round(max(self.checkpoint_s), 3) if self.checkpoint_s else None,
-            "run_dir": self.run_dir,
-        }

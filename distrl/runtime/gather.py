@@ -1,4 +1,10 @@
-"""How the driver takes fragments from Ray workers: all of them (`sync`) or what is ready (`async`)."""
+"""How the driver takes fragments from Ray workers: all of them (`sync`) or what is ready (`async`).
+
+Neither waits on a worker for longer than a second at a time: between waits the pool checks its
+workers' health (`WorkerPool.check`), so a hung worker is ended while the driver waits for it. A call
+that outlives `limit_s` (fault.worker_timeout_s plus fault.role_timeout_s: a worker may wait that long
+on a hung role it calls) counts as failed.
+"""
 from __future__ import annotations
 
 import time
@@ -8,18 +14,16 @@ from ray.exceptions import RayTaskError
 
 from distrl.runtime.ray_setup import ACTOR_GONE
 
+SLICE_S = 1.0
+
 
 class CallTimeout(Exception):
     """A worker call outlived its time: the worker is treated as failed."""
 
 
-def collect(refs: list, timeout_s: float | None = None) -> tuple[list, list]:
-    """ray.get each ref; a failed worker call, or one not done within `timeout_s`, is reported, not raised."""
+def collect(refs: list) -> tuple[list, list]:
+    """ray.get each (finished) ref; a failed worker call is reported, not raised."""
     ok, failed = [], []
-    if timeout_s is not None and refs:
-        done, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
-        failed = [(ref, CallTimeout(f"no fragment within {timeout_s:.0f} s")) for ref in refs if ref not in done]
-        refs = done
     for ref in refs:
         try:
             ok.append((ref, ray.get(ref)))
@@ -33,24 +37,35 @@ class SyncGather:
 
     waits_for_learner = True
 
-    def __init__(self, workers, timeout_s: float):
+    def __init__(self, workers, limit_s: float):
         self.workers = workers
-        self.timeout_s = timeout_s  # a worker silent for this long counts as failed
+        self.limit_s = limit_s  # a call taking longer counts as failed
         self.held: set[int] = set()  # restarting workers: skipped until healthy
+
+    def hold(self, i: int) -> None:
+        self.held.add(i)
 
     def release(self, i: int) -> None:
         self.held.discard(i)
 
-    def gather(self, allow_sampling: bool):
-        """-> ([(info, data ref)], [(worker index, error)], ready, late)."""
+    def gather(self, allow_sampling: bool, between=lambda: None):
+        """-> ([(info, data ref)], [(worker index, error)], ready, late); `between()` runs every second of
+        waiting."""
         if not allow_sampling:
             return [], [], 0, 0
-        calls = {}
+        calls, start = {}, time.time()
         for i, w in enumerate(self.workers):
             if i not in self.held:
                 info_ref, data_ref = w.sample.remote(True)
                 calls[info_ref] = (i, data_ref)
-        ok, failed = collect(list(calls), self.timeout_s)
+        waiting, done = list(calls), []
+        while waiting and time.time() - start < self.limit_s:
+            ready, waiting = ray.wait(waiting, num_returns=len(waiting), timeout=SLICE_S)
+            done += ready
+            if waiting:
+                between()
+        ok, failed = collect(done)
+        failed += [(ref, CallTimeout(f"no fragment within {self.limit_s:g} s")) for ref in waiting]
         failed_workers = [(calls[ref][0], e) for ref, e in failed]
         self.held.update(i for i, _ in failed_workers)
         return [(info, calls[ref][1]) for ref, info in ok], failed_workers, len(ok), 0
@@ -65,38 +80,51 @@ class AsyncGather:
 
     waits_for_learner = False
 
-    def __init__(self, workers, window_s: float, depth: int = 2):
+    def __init__(self, workers, window_s: float, limit_s: float, depth: int = 2):
         self.workers = workers
-        self.window_s = window_s
+        self.window_s, self.limit_s = window_s, limit_s
         self.depth = depth
         self.inflight: dict = {}  # info ref -> (worker index, data ref)
         self.free = [depth] * len(workers)  # call slots each worker has open
         self.held: set[int] = set()  # restarting workers get no calls until released
+        self.busy_since = [time.time()] * len(workers)  # when its oldest call in flight started running
+
+    def hold(self, i: int) -> None:
+        self.held.add(i)
 
     def release(self, i: int) -> None:
         self.held.discard(i)
         self.free[i] = self.depth - sum(1 for j, _ in self.inflight.values() if j == i)
 
-    def gather(self, allow_sampling: bool):
+    def _start_calls(self) -> None:
+        for i in range(len(self.workers)):
+            if self.free[i] == self.depth and i not in self.held:
+                self.busy_since[i] = time.time()  # idle until now
+            while self.free[i] > 0 and i not in self.held:
+                info_ref, data_ref = self.workers[i].sample.remote(False)
+                self.inflight[info_ref] = (i, data_ref)
+                self.free[i] -= 1
+
+    def gather(self, allow_sampling: bool, between=lambda: None):
         """-> ([(info, data ref)], [(worker index, error)], ready, late)."""
         if allow_sampling:  # workers back off while the learner catches up (update-to-data ratio)
-            for i in range(len(self.workers)):
-                while self.free[i] > 0 and i not in self.held:
-                    info_ref, data_ref = self.workers[i].sample.remote(False)
-                    self.inflight[info_ref] = (i, data_ref)
-                    self.free[i] -= 1
+            self._start_calls()
         if not self.inflight:
             time.sleep(self.window_s)
             return [], [], 0, 0
         ready, _ = ray.wait(list(self.inflight), num_returns=len(self.inflight), timeout=self.window_s)
         ok, failed = collect(ready)
-        out = []
+        out, now = [], time.time()
         for ref, info in ok:
             i, data_ref = self.inflight.pop(ref)
             self.free[i] += 1
+            self.busy_since[i] = now  # its next call (if any) runs from now
             out.append((info, data_ref))
         failed_calls = [(self.inflight.pop(ref)[0], e) for ref, e in failed]
-        self.held.update(i for i, _ in failed_calls)
         busy = {i for i, _ in self.inflight.values()}
+        for i in busy - {i for i, _ in failed_calls} - self.held:
+            if now - self.busy_since[i] > self.limit_s:
+                failed_calls.append((i, CallTimeout(f"no fragment within {self.limit_s:g} s")))
+        self.held.update(i for i, _ in failed_calls)
         done = {info.worker for _, info in ok}
         return out, failed_calls, len(done), len(busy - done)

@@ -1,17 +1,25 @@
-"""Central inference as a Ray actor: the InferenceServer, hosting `distrl.roles.inference`. Its worker
-side is `distrl.runtime.actors.RemoteInference`, which a worker's policy calls instead of its own network."""
+"""Central inference as a Ray actor: the InferenceServer, hosting `distrl.roles.inference`, and its worker
+side, `RemoteInference`, which a worker's policy calls instead of its own network.
+
+A restarted server keeps every env's recurrent state: it starts with none, so the first step a worker
+sends it comes back from a new process, and the worker gives it back the states its envs had (the server
+recomputes them from the worker's previous step, whose input and state the worker kept) and takes the
+step again. No episode is cut or restarted; the restart is counted in `inference_restarts`.
+"""
 from __future__ import annotations
 
 import asyncio
 import os
 
+import numpy as np
 import ray
 from ray.exceptions import RayTaskError
 
+from distrl.acting import EnvStates, Inference, rows_of
 from distrl.config import from_dict
 from distrl.observe.trace import tracer
 from distrl.roles.factory import trace_settings
-from distrl.runtime.actors import Traced, start_tracing
+from distrl.runtime.actor_base import Traced, peer, start_tracing
 from distrl.runtime.ray_setup import ACTOR_GONE
 
 
@@ -29,7 +37,7 @@ class InferenceServer(Traced):
         start_tracing(trace_settings(cfg), "inference")
         self.policy = acting_policy(cfg, -1, num_workers)  # its forward only: workers explore themselves
         self.batcher = InferenceBatcher(self.policy, num_workers, cfg.rollout.batch_timeout_ms / 1000.0)
-        self.ps = ps
+        self.ps = peer(ps)
         self.pulling = None  # the pull in flight: concurrent refreshes share it
 
     async def refresh(self) -> int:
@@ -64,9 +72,16 @@ class InferenceServer(Traced):
                 await asyncio.sleep(0.01)
 
     async def step(self, worker: int, obs, reset):
-        """(outputs, weight version) for one step of `worker`'s envs."""
+        """(outputs, weight version, this process's id) for one step of `worker`'s envs."""
         await self._have_weights()
-        return await self.batcher.step(worker, obs, reset), self.policy.version
+        return await self.batcher.step(worker, obs, reset), self.policy.version, os.getpid()
+
+    async def restore(self, worker: int, state) -> None:
+        """`worker`'s envs' recurrent states, as they were before this process started."""
+        self.batcher.flush()  # a step of its waiting now would run with the states it is about to lose
+        states = EnvStates(self.policy)
+        states.state = np.array(state)
+        self.batcher.states[worker] = states
 
     async def forward(self, obs, state):
         """`Policy.forward` on rows outside the envs' flow (a worker's bootstrap values)."""
@@ -78,3 +93,49 @@ class InferenceServer(Traced):
 
     def pid(self) -> int:
         return os.getpid()
+
+
+class RemoteInference(Inference):
+    """A worker's policy reaching its network on the InferenceServer: one round trip per env step."""
+
+    def __init__(self, server, worker_index: int, policy):
+        self.server, self.worker, self.policy = server, worker_index, policy
+        self.resets = None  # envs that start an episode before the next step (None: none)
+        self.fresh = True   # a new process: every env starts one
+        self.server_pid = None  # the server process that answered last
+        self.last = None  # (observations, states before) of the last step, with a recurrent policy
+
+    def step(self, obs):
+        reset = np.ones(rows_of(obs), bool) if self.fresh else self.resets
+        self.fresh, self.resets = False, None
+        out, version, server = ray.get(self.server.step.remote(self.worker, obs, reset))
+        for _ in range(3):  # restarted again while its states were given back: once more
+            if self.server_pid in (None, server) or self.last is None:
+                break
+            self.server_pid = server
+            out, version, server = self._restore(obs, reset)
+        self.server_pid, self.policy.version = server, version
+        self.last = (obs, out["state"]) if "state" in out else None
+        return out
+
+    def _restore(self, obs, reset):
+        """A restarted server began these envs from zero states: give it the states they had after the last
+        step (recomputed from that step's input and states), and take this step again."""
+        prev_obs, prev_state = self.last
+        _, after = ray.get(self.server.forward.remote(prev_obs, prev_state))
+        ray.get(self.server.restore.remote(self.worker, after))
+        return ray.get(self.server.step.remote(self.worker, obs, reset))
+
+    def forward(self, obs, state):
+        return ray.get(self.server.forward.remote(obs, state))
+
+    def reset(self, done) -> None:
+        done = np.asarray(done, bool)
+        self.resets = done.copy() if self.resets is None or len(self.resets) != len(done) else self.resets | done
+
+    def refresh(self, blocking: bool) -> None:
+        """Have the server pull newer weights: before this fragment's first step (sync mode) or alongside it."""
+        ref = self.server.refresh.remote()
+        if blocking or self.policy.version < 0:
+            with tracer().span("pull_weights", "transfer"):
+                self.policy.version = ray.get(ref)

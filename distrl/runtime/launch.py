@@ -23,7 +23,7 @@ def make_roles(cfg: Config, run_dir: str, start_time: float, address: str | None
     if cfg.mode == "single":
         from distrl.runtime.local import LocalRoles
 
-        return LocalRoles(cfg, start_time, eval_resume)
+        return LocalRoles(cfg, start_time, eval_resume, run_dir)
     from distrl.runtime.ray_roles import RayRoles
 
     return RayRoles(cfg, run_dir, start_time, address, eval_resume)

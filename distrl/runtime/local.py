@@ -2,136 +2,67 @@
 
 No Ray here: starting Ray and its actor processes costs seconds, more than half
 of what solving CartPole should take, and one process needs no object store.
-The evaluator runs in a spawned process fed through a queue, so scoring never
-stalls learning.
+The evaluator runs in a spawned process (`distrl.runtime.local_eval`), watched
+and restarted like every role, so scoring never stalls learning.
 """
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
-import queue
-
-from distrl.config import Config, from_dict, to_dict
-from distrl.core import Gathered, Roles, RunState, TrainStats
+from distrl.config import Config
+from distrl.core import Gathered, Restarts, RoleLost, Roles, RunState, TrainStats
 from distrl.observe.trace import configure, tracer
-from distrl.roles.evaluation import make_evaluation
 from distrl.roles.factory import make_algorithm, make_rollout, policy_seed, resolve_device, trace_settings
 from distrl.roles.learning import LocalIO
+from distrl.runtime.counters import plus, restarts_in
+from distrl.runtime.faultlog import FaultLog
+from distrl.runtime.local_eval import LocalEvaluator
 from distrl.runtime.pacing import learner_loop, make_experience
 from distrl.threads import one_compute_thread
-
-
-def evaluator_main(cfg_dict: dict, start_time: float, inbox, outbox, resume: dict | None = None) -> None:
-    """Evaluator process: score each (weights, version, env_steps) it receives."""
-    parent = os.getppid()
-    cfg = from_dict(cfg_dict)
-    configure("evaluator", None, *trace_settings(cfg))
-    evaluation = make_evaluation(cfg, start_time, resume)
-    outbox.put("ready")
-    while True:
-        try:
-            job = inbox.get(timeout=1.0)
-        except queue.Empty:
-            if os.getppid() != parent:  # the driver died (e.g. SIGKILL): don't linger as an orphan
-                return
-            continue
-        if job is None:
-            return
-        if job == "trace":
-            outbox.put(tracer().drain())
-            continue
-        weights, version, env_steps = job
-        outbox.put(evaluation.evaluate(weights, version, env_steps))
-
-
-class LocalEvaluator:
-    """Driver-side handle on the evaluator process: submit weights, poll results."""
-
-    def __init__(self, cfg: Config, start_time: float, resume: dict | None = None):
-        ctx = mp.get_context("spawn")
-        self.inbox, self.outbox = ctx.Queue(), ctx.Queue()
-        self.proc = ctx.Process(target=evaluator_main, name="Evaluator", daemon=True,
-                                args=(to_dict(cfg), start_time, self.inbox, self.outbox, resume))
-        self.proc.start()
-        self.ready = False
-        self.busy = False
-
-    def idle(self, wait: bool = False) -> bool:
-        if not self.ready and not self.busy:
-            try:
-                self.ready = self.outbox.get(timeout=120 if wait else None, block=wait) == "ready"
-            except queue.Empty:
-                pass
-        return self.ready and not self.busy
-
-    def submit(self, weights, version: int, env_steps: int) -> None:
-        self.inbox.put((weights, version, env_steps))
-        self.busy = True
-
-    def poll(self, block: bool = False, timeout: float | None = None) -> list[dict]:
-        out = []
-        while self.busy:
-            try:
-                out.append(self.outbox.get(block=block, timeout=timeout))
-                self.busy = False
-            except queue.Empty:
-                break
-        return out
-
-    def drain_trace(self) -> dict | None:
-        """What the evaluator process recorded (after the evaluation in flight, if any)."""
-        self.poll(block=True, timeout=60)
-        if self.busy or not self.proc.is_alive():
-            return None
-        self.inbox.put("trace")
-        try:
-            return self.outbox.get(timeout=30)
-        except queue.Empty:
-            return None
-
-    def close(self) -> None:
-        try:
-            self.inbox.put(None)
-            self.proc.join(timeout=5)
-        finally:
-            if self.proc.is_alive():
-                self.proc.terminate()
 
 
 class LocalRoles(Roles):
     """Every role in this process except the evaluator."""
 
-    def __init__(self, cfg: Config, start_time: float, eval_resume: dict | None = None):
+    def __init__(self, cfg: Config, start_time: float, eval_resume: dict | None = None, run_dir: str | None = None):
         one_compute_thread(load_torch=True)
         configure("main", None, *trace_settings(cfg))
         self.cfg = cfg
-        self.evaluator = LocalEvaluator(cfg, start_time, eval_resume)  # first: overlaps its start-up
+        self.restarts_before = Restarts()  # a resumed run's, from its checkpoint
+        self.lost: RoleLost | None = None  # the evaluator could not come back
+        # First: overlaps its start-up.
+        self.evaluator = LocalEvaluator(cfg, start_time, eval_resume, FaultLog(run_dir, start_time))
         algo = make_algorithm(cfg)
         learner = algo.make_learner(resolve_device(cfg.device))
         self.policy = algo.make_policy(0, 1, policy_seed(cfg, 0))
         self.experience = make_experience(cfg)
         self.loop = learner_loop(learner, cfg, LocalIO(self.experience, self.policy))
         self.loop.publish()
-        self.rollout = make_rollout(cfg, self.policy, cfg.seed, 0)
+        # An offline run's replay holds its dataset: no env is stepped but the evaluator's.
+        self.rollout = None if cfg.data.dataset else make_rollout(cfg, self.policy, cfg.seed, 0)
         self.timings = {"env_s": 0.0, "inference_s": 0.0, "learner_s": 0.0}
 
     def get_state(self) -> RunState:
         max_bytes = self.cfg.checkpoint.max_replay_bytes
-        return {"learner": self.loop.get_state(), "workers": [self.rollout.get_state()],
+        return {"learner": self.loop.get_state(), "workers": [self.rollout.get_state()] if self.rollout else [],
                 "store": lambda directory: self.experience.write(directory, max_bytes)}
 
     def set_state(self, state: RunState) -> None:
         if state["store"] is not None:
             self.experience.load(state["store"])
-        if state["workers"] and state["workers"][0] is not None:
+        if self.rollout is not None and state["workers"] and state["workers"][0] is not None:
             self.rollout.set_state(state["workers"][0])
         self.loop.set_state(state["learner"])
+        self.restarts_before = restarts_in(state)
 
     def store_digest(self) -> str | None:
         return self.experience.digest()
 
+    def replay_bytes_per_item(self) -> float | None:
+        return self.experience.bytes_per_item
+
     def gather(self, allow_sampling: bool) -> Gathered:
-        if not allow_sampling:  # the learner is behind: this pass only trains
+        if self.lost is not None:
+            raise self.lost
+        if not allow_sampling or self.rollout is None:  # the learner is behind, or there are no workers
             return Gathered()
         frag = self.rollout.sample()
         self.experience.add(frag.data, frag.priorities, frag.info.fragment_id)
@@ -159,6 +90,15 @@ class LocalRoles(Roles):
 
     def eval_busy(self) -> bool:
         return self.evaluator.busy
+
+    def restarts(self, exact: bool = False) -> Restarts:
+        """The evaluator's restarts (this process's roles do not restart: they are the driver). Looks at the
+        evaluator's process (the driver asks at every pass); a `RoleLost` found here ends the next gather."""
+        try:
+            self.evaluator.check(restart=not exact)
+        except RoleLost as e:
+            self.lost = self.lost or e
+        return plus(self.restarts_before, Restarts(evaluator=self.evaluator.restarts))
 
     def time_breakdown(self) -> dict[str, float]:
         return dict(self.timings)

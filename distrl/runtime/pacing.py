@@ -49,13 +49,20 @@ def fragments_per_update(cfg: Config) -> int:
 
 
 def make_experience(cfg: Config) -> ExperienceServer:
-    """The run's experience store, and what its learner takes from it per request."""
+    """The run's experience store, and what its learner takes from it per request; an offline run's holds
+    its dataset from the start (a restarted replay server reads it again)."""
     path = algorithm(cfg.algo).data_path
     replayed = path in ("replay", "sequence")
     store = make_store(path, cfg.replay if replayed else None, 0 if replayed else cfg.queue.capacity,
                        sequence_length(cfg) if path == "sequence" else 0, cfg.seed)
     lc = cfg.learner
-    return ExperienceServer(store, Take(lc.batch_size, lc.batches_per_call, fragments_per_update(cfg)))
+    experience = ExperienceServer(store, Take(lc.batch_size, lc.batches_per_call, fragments_per_update(cfg)))
+    if cfg.data.dataset:
+        from distrl.data.datasets import read_dataset
+        from distrl.roles.factory import make_algorithm
+
+        experience.add(make_algorithm(cfg).dataset_items(read_dataset(cfg.data.dataset)), None)
+    return experience
 
 
 def learner_loop(learner, cfg: Config, io) -> LearnerLoop:

@@ -2,34 +2,34 @@
 
 The two modes differ only in their gather strategy (`SyncGather`, `AsyncGather`):
 which fragments the driver takes each iteration and whether it waits for the
-learner. Every role may die: Ray restarts it, `RoleWatch` notices the new
-process, and the recovery is the role's own (see `_recover`).
+learner. Every role may die or hang: Ray restarts a dead one, a hung one is ended
+first (`RoleWatch`), each restart is counted when Ray reports the death
+(`ActorTable`), and the recovery is the role's own (see `_recover`). No wait on a
+role is longer than a second without the driver looking at every role's health.
 """
 from __future__ import annotations
 
 import time
+import uuid
 
 import ray
 from ray.exceptions import GetTimeoutError, RayTaskError
 from ray.util.placement_group import remove_placement_group
 
-from distrl.config import Config, to_dict
+from distrl.config import Config
 from distrl.core import Gathered, Restarts, RoleLost, RoleRestarted, Roles, RunState, TrainStats
 from distrl.observe.trace import TraceStore, tracer
+from distrl.roles.evaluation import LOWEST, rank
 from distrl.roles.experience import newest_store, write_store
-from distrl.roles.factory import resolve_device, trace_settings
-from distrl.runtime.actors import (Evaluator, GradientWorker, Learner, ParameterServer, ReplayServer, RolloutWorker,
-                                   start_tracing)
-from distrl.runtime.inference import InferenceServer
-from distrl.runtime.ray_setup import (ACTOR_GONE, actor_options, heap_runtime_env, in_bundle, init_ray, next_to,
-                                     pack_group, role_count, role_resources, spread_group, user_modules)
-from distrl.runtime.watch import RoleWatch
-from distrl.runtime.workers import WorkerPool
+from distrl.roles.factory import trace_settings
+from distrl.runtime.actor_base import start_tracing
+from distrl.runtime.counters import plus, restarts_in
+from distrl.runtime.deaths import ActorTable, keep_ray_text_off_the_console
+from distrl.runtime.faultlog import FaultLog
+from distrl.runtime.ray_start import start_roles
+from distrl.runtime.ray_setup import ACTOR_GONE, init_ray, user_modules
 
-
-# Whose calls block on whom: a role silent because one of these hangs is not the one to blame.
-WAITS_ON = {"learner": ("replay", "parameter_server"), "evaluator": ("parameter_server",),
-            "inference": ("parameter_server",)}
+SLICE_S = 1.0  # longest wait on a role before the driver looks at every role's health again
 
 
 class RayRoles(Roles):
@@ -40,75 +40,34 @@ class RayRoles(Roles):
         init_ray(address, user_modules(cfg))
         start_tracing(trace_settings(cfg), "driver")  # labelled with its Ray node, as the actors are
         self.cfg, self.run_dir = cfg, run_dir
-        self.group, self.pool, self.gradient_workers, self.inference = None, None, [], []
+        self.group = self.worker_group = self.pool = None
+        self.gradient_workers, self.inference = [], []
         self.learner = self.evaluator = self.replay = self.ps = None
         self.replay_refilled = 0  # items restarted replay servers got back from checkpoints
         self.learner_state = None  # what a restarted learner is restored to (set once the roles are up)
-        try:
-            self._start(cfg, run_dir, start_time, address, eval_resume)
-        except BaseException:  # nothing of a run that failed to start stays on the cluster
-            self.close()
-            raise
+        self.restarts_before = Restarts()  # a resumed run's, from its checkpoint
+        self.eval_progress = {"evaluations": 0, "best": LOWEST, **(eval_resume or {})}  # for a restarted evaluator
+        self.ticking = False
         self.train_calls: dict = {}  # in-flight learner call -> updates asked
         self.rewound: list[TrainStats] = []  # learner restores to report with the next train()
         self.eval_ref = None
         self.trace_kept, self.trace_pulls = TraceStore(), []  # rings pulled at checkpoints, and pulls in flight
         self.timings = {"env_s": 0.0, "inference_s": 0.0, "pull_s": 0.0, "learner_s": 0.0, "learner_wait_s": 0.0}
-
-    def _start(self, cfg: Config, run_dir: str, start_time: float, address: str | None,
-               eval_resume: dict | None) -> None:
-        d, f, heap_env, device = to_dict(cfg), cfg.fault, heap_runtime_env(), resolve_device(cfg.device)
-        wanted = role_resources(cfg, bool(address), device)
-        place = {name: actor_options(res) for name, res in wanted.items()}
-        role = {"max_restarts": f.max_role_restarts, "max_task_retries": 0}
-        # Gradient workers are spread over the nodes (one bundle each of a placement group, one per node
-        # where enough nodes fit them): their point is more cores for the learner's arithmetic. A gradient call
-        # is pure, so Ray may retry it on a restarted worker.
-        grads = role_count(cfg, "gradient_workers")
-        self.group = spread_group(wanted["gradient_workers"], grads, f.role_timeout_s) if grads else None
-        self.ps = ParameterServer.options(**role, **place["parameter_server"]).remote(trace_settings(cfg))
-        # On a cluster an unplaced replay server goes to the learner's node: batches that cross nodes leave
-        # the learner waiting for them (bench/RESULTS.md, paper model).
-        near = next_to(place["learner"], f.role_timeout_s) if address and not cfg.placement.replay else {}
-        self.replay = ReplayServer.options(**role, **place["replay"], **near, runtime_env=heap_env).remote(d)
-        self.gradient_workers = [
-            GradientWorker.options(**place["gradient_workers"], **in_bundle(self.group, i),
-                                   max_restarts=f.max_role_restarts, max_task_retries=3).remote(d, i)
-            for i in range(grads)]
-        self.learner = Learner.options(**role, **place["learner"], **near, runtime_env=heap_env).remote(
-            d, self.ps, self.replay, device, self.gradient_workers)
-        self.evaluator = Evaluator.options(**role, **place["evaluator"]).remote(d, self.ps, start_time, eval_resume)
-        # Its calls are retried on a restarted server, which pulls the weights again before it answers.
-        self.inference = [InferenceServer.options(**place["inference"], max_restarts=f.max_role_restarts,
-                                                  max_task_retries=-1).remote(d, self.ps, cfg.workers)
-                          for _ in range(role_count(cfg, "inference"))]
-        # A dead worker is restarted by Ray with the same constructor args and options (so the same
-        # placement) and re-syncs its weights on its first sample; its in-flight fragment is lost and
-        # counted by the driver. Spreading uses Ray's SPREAD strategy rather than a placement group: it is
-        # one option per actor that Ray applies again on a restart, while a group reserves every bundle up
-        # front, has to be re-placed after a node loss, and must be removed at the end.
-        self.watch = RoleWatch({"learner": self.learner, "replay": self.replay, "parameter_server": self.ps,
-                                "evaluator": self.evaluator, **{"inference": s for s in self.inference}},
-                               f.role_timeout_s, waits_on=WAITS_ON)
-        if address:  # the roles hold their CPUs before workers ask: a worker on the learner's node could take them
-            self._wait_for_roles()
-        strategy = cfg.placement.workers_strategy  # pack needs a group: Ray has no per-actor PACK strategy
-        self.worker_group = pack_group(wanted["workers"], cfg.workers, f.role_timeout_s) if strategy == "pack" else None
-        spread = {"scheduling_strategy": "SPREAD"} if strategy == "spread" else {}
-        where = [in_bundle(self.worker_group, i) if self.worker_group else spread for i in range(cfg.workers)]
-        workers = [RolloutWorker.options(**place["workers"], **where[i], max_restarts=f.max_worker_restarts + 1,
-                                         max_task_retries=0).remote(d, i, cfg.workers, self.ps, *self.inference)
-                   for i in range(cfg.workers)]
-        self.pool = WorkerPool(workers, cfg)
-        if not address:  # embedded, no role reserves a CPU: workers start alongside the roles
-            self._wait_for_roles()
-        self._get(self.learner.publish.remote(), "learner")  # version 0 exists before any worker acts
-        # What a restarted learner is restored to: the newest checkpoint's state, or this one before it.
-        self.learner_state = self._get(self.learner.get_state.remote(), "learner")
+        self.faults = FaultLog(run_dir, start_time)
+        keep_ray_text_off_the_console(self.faults)
+        self.table = ActorTable(self.faults)
+        try:
+            start_roles(self, cfg, start_time, address, eval_resume, f"distrl-{uuid.uuid4().hex[:10]}")
+            self._get(self.learner.publish.remote(), "learner")  # version 0 exists before any worker acts
+            # What a restarted learner is restored to: the newest checkpoint's state, or this one before it.
+            self.learner_state = self._get(self.learner.get_state.remote(), "learner")
+        except BaseException:  # nothing of a run that failed to start stays on the cluster
+            self.close()
+            raise
 
     def _wait_for_roles(self) -> None:
         for name in self.watch.actors:  # their processes start in parallel; wait once for all
-            self.watch.wait_for(name, self.cfg.fault.role_timeout_s)
+            self.watch.wait_for(name)
 
     @property
     def workers(self) -> list:
@@ -116,9 +75,8 @@ class RayRoles(Roles):
 
     # --- workers ------------------------------------------------------------------
     def gather(self, allow_sampling: bool) -> Gathered:
-        for name in self.watch.poll():
-            self._recover(name)
-        pairs, failed, ready, late = self.pool.gather(allow_sampling)
+        self._tick()
+        pairs, failed, ready, late = self.pool.gather(allow_sampling, between=self._tick)  # a sync wait too
         adds = [self.replay.add.remote(data_ref) for _, data_ref in pairs]
         if self.pool.gatherer.waits_for_learner and adds:
             try:
@@ -133,17 +91,40 @@ class RayRoles(Roles):
             raise RoleLost(f"every rollout worker stayed unreachable for {self.cfg.fault.worker_timeout_s:.0f} s")
         return Gathered(infos, ready=ready, late=late, failed=failed)
 
-    def _get(self, refs, role: str | None = None):
-        """ray.get with the fault timeout, so a wait never hangs a run: `role`, whose call it is, is alive but
-        hung when it does not answer in time (`RoleLost`). A role that died under the call is waited for and
-        put back in the run, and the call raises `RoleRestarted` (its result is lost)."""
-        timeout_s = self.cfg.fault.role_timeout_s
+    def _tick(self) -> None:
+        """Look at every role's health: hung ones are ended (Ray restarts them), restarted ones put back in
+        the run. Not from inside a recovery (its own waits only wait)."""
+        if self.ticking:
+            return
+        self.ticking = True
         try:
-            return ray.get(refs, timeout=timeout_s)
-        except GetTimeoutError:
-            if role is not None:
-                raise self.watch.hung([role], timeout_s) from None
-            raise RoleLost(f"a call took longer than fault.role_timeout_s={timeout_s:.0f} s") from None
+            for name in self.watch.poll():
+                try:
+                    self._recover(name)
+                except RoleRestarted:  # it, or a role its recovery called, died again: recovered in there
+                    pass
+            if self.pool is not None:
+                self.pool.check()
+        finally:
+            self.ticking = False
+
+    def _get(self, refs, role: str | None = None):
+        """ray.get that never hangs a run: it waits a second at a time, looking at every role's health in
+        between, so a hung role the call waits on is ended and restarted meanwhile. A role that died under
+        the call (or was ended) is waited for and put back in the run, and the call raises `RoleRestarted`
+        (its result is lost). A call still unanswered after three times fault.role_timeout_s while every
+        role answers its health check is `RoleLost`."""
+        timeout_s = self.cfg.fault.role_timeout_s
+        waiting, start = list(refs) if isinstance(refs, list) else [refs], time.time()
+        try:
+            while waiting:
+                _, waiting = ray.wait(waiting, num_returns=len(waiting), timeout=SLICE_S)
+                if waiting and time.time() - start > 3 * timeout_s:
+                    whose = f"the {role.replace('_', ' ')}" if role else "a role"
+                    raise RoleLost(f"a call to {whose} took longer than 3 x {timeout_s:g} s (fault.role_timeout_s)")
+                if waiting:
+                    self._tick()
+            return ray.get(refs)
         except (*ACTOR_GONE, RayTaskError) as e:
             name = self._died(e)
             if name is None:  # not a death: a fault of the code the call ran
@@ -157,15 +138,14 @@ class RayRoles(Roles):
         if not isinstance(err, ACTOR_GONE):
             return None
         ids = {actor._actor_id.hex(): name for name, actor in self.watch.actors.items()}
-        ids.update({w._actor_id.hex(): "gradient_worker" for w in self.gradient_workers})
         return ids.get(getattr(err, "actor_id", None), "unknown")
 
     def _bring_back(self, name: str) -> None:
         """Wait until the role answers again (`RoleLost` if it does not in time) and put it back in the run."""
-        if name == "gradient_worker":  # Ray already retried its calls on restarts: this one is gone for good
-            raise RoleLost("a gradient worker died and did not come back")
+        if name.startswith("gradient_worker"):  # the learner retried its shard on a restart: it is gone for good
+            raise RoleLost(f"{name.replace('_', ' ')} died and did not come back")
         for role in (self.watch.actors if name == "unknown" else [name]):
-            if self.watch.wait_for(role, self.cfg.fault.role_timeout_s):
+            if self.watch.wait_for(role):
                 self._recover(role)
 
     # --- learner ------------------------------------------------------------------
@@ -217,8 +197,10 @@ class RayRoles(Roles):
             on_this_node = self.replay_on_driver_node()
             self.replay_refilled += self._get(self.replay.refill.remote(
                 self.run_dir if on_this_node else None, None if on_this_node else newest_store(self.run_dir)), "replay")
-        # The evaluator needs nothing; the inference server pulls the weights before it answers (its
-        # recurrent states start from zero).
+        elif name == "evaluator":  # the run's evaluations and best so far, as a single-mode evaluator restarts with
+            self.evaluator.resume.remote(**self.eval_progress)
+        # The inference server pulls the weights before it answers; workers give it their envs' recurrent
+        # states back (`RemoteInference`). A gradient worker needs nothing.
 
     def updates_in_flight(self) -> int:
         return sum(self.train_calls.values())
@@ -230,7 +212,7 @@ class RayRoles(Roles):
         learner = self.learner.get_state.remote()
         workers = [w.get_state.remote() for w in self.workers]
         for name in ("replay", "parameter_server"):  # a restart since the last look: counted and handled
-            if self.watch.wait_for(name, self.cfg.fault.role_timeout_s):
+            if self.watch.wait_for(name):
                 self._recover(name)
         state = {"learner": self._get(learner, "learner"), "store": self._store_writer(),
                  "workers": self._get_workers(workers)}
@@ -239,12 +221,17 @@ class RayRoles(Roles):
         return state
 
     def _get_workers(self, refs: list) -> list[dict]:
-        """Each worker's state; a worker that is down has none (it restarts from a fresh state)."""
+        """Each worker's state; a worker that is down or hangs has none (it restarts from a fresh state)."""
+        waiting, deadline = list(refs), time.time() + self.cfg.fault.worker_timeout_s
+        while waiting and time.time() < deadline:
+            _, waiting = ray.wait(waiting, num_returns=len(waiting), timeout=SLICE_S)
+            if waiting:
+                self._tick()  # a hung worker is ended: its call fails
         out = []
         for ref in refs:
             try:
-                out.append(ray.get(ref, timeout=self.cfg.fault.worker_timeout_s))
-            except (*ACTOR_GONE, RayTaskError, GetTimeoutError):
+                out.append(None if ref in waiting else ray.get(ref))
+            except (*ACTOR_GONE, RayTaskError):
                 out.append(None)
         return out
 
@@ -260,6 +247,9 @@ class RayRoles(Roles):
     def store_digest(self) -> str | None:
         return self._get(self.replay.digest.remote(), "replay")
 
+    def replay_bytes_per_item(self) -> float | None:
+        return self._get(self.replay.bytes_per_item.remote(), "replay")
+
     def set_state(self, state: RunState) -> None:
         refs = [w.set_state.remote(s) for w, s in zip(self.workers, state["workers"]) if s is not None]
         if state["store"] is not None:
@@ -267,6 +257,7 @@ class RayRoles(Roles):
         self._get(refs)
         self._get(self.learner.set_state.remote(state["learner"]), "learner")
         self.learner_state = state["learner"]
+        self.restarts_before = restarts_in(state)
 
     # --- evaluator ------------------------------------------------------------------
     def submit_eval(self, env_steps: int, wait: bool = False) -> bool:
@@ -276,38 +267,44 @@ class RayRoles(Roles):
         return True
 
     def poll_eval(self, block: bool = False, timeout: float | None = None) -> list[dict]:
-        if self.eval_ref is None:
-            return []
-        ready, _ = ray.wait([self.eval_ref], timeout=timeout if block else 0)
+        deadline = time.time() + ((1e9 if timeout is None else timeout) if block else 0.0)
+        ready = []
+        while self.eval_ref is not None and not ready:
+            ready, _ = ray.wait([self.eval_ref], timeout=max(0.0, min(SLICE_S, deadline - time.time())))
+            if ready or time.time() >= deadline:
+                break
+            self._tick()  # a hung evaluator is ended meanwhile: its call fails
         if not ready:
             return []
         ref, self.eval_ref = self.eval_ref, None
         try:
             _, result = ray.get(ref)
         except (*ACTOR_GONE, RayTaskError):
-            self.watch.pending.pop("evaluator", None)  # it died in the call: look at its pid now
+            return []  # it died in the call: the watch puts it back
+        if result is None:
             return []
-        return [result] if result is not None else []
+        self.eval_progress["evaluations"] += 1
+        self.eval_progress["best"] = max(tuple(self.eval_progress["best"]), rank(result))
+        return [result]
 
     def eval_busy(self) -> bool:
         return self.eval_ref is not None
 
     # --- the rest of the contract -----------------------------------------------------
     def restarts(self, exact: bool = False) -> Restarts:
+        """Every role's restarts as Ray counted them (`exact`: a process killed just now is counted too)."""
         if exact:
-            for name in self.watch.poll():
-                self._recover(name)
-            for name in self.watch.actors:  # one killed just before the end is counted once it answers again
-                try:
-                    if self.watch.wait_for(name, min(10.0, self.cfg.fault.role_timeout_s)):
-                        self._recover(name)
-                except RoleLost:
-                    pass  # still down: not counted as restarted
-            self.pool.settle(min(10.0, self.cfg.fault.role_timeout_s))
-        r = self.watch.restarts
-        return Restarts(workers=self.pool.restarts, evaluator=r["evaluator"], replay=r["replay"],
-                        learner=r["learner"], parameter_server=r["parameter_server"], workers_lost=len(self.pool.lost),
-                        inference=r.get("inference", 0), replay_refilled=self.replay_refilled)
+            self._tick()
+            self.table.settle(min(5.0, self.cfg.fault.role_timeout_s))
+        self.table.poll()
+        t, pids = self.table, self.watch.new_processes
+        count = (lambda role: t.restarts(role)) if t.readable else (
+            lambda role: sum(n for name, n in pids.items() if name.startswith(role.rstrip("s"))))
+        return plus(self.restarts_before, Restarts(
+            workers=self.pool.restarts, evaluator=count("evaluator"), replay=count("replay"), learner=count("learner"),
+            parameter_server=count("parameter_server"), workers_lost=len(self.pool.lost),
+            inference=count("inference"), gradient_workers=count("gradient_workers"),
+            replay_refilled=self.replay_refilled))
 
     def time_breakdown(self) -> dict[str, float]:
         return dict(self.timings)
@@ -358,8 +355,10 @@ class RayRoles(Roles):
 
     def close(self) -> None:
         self._settle_calls()
+        self.table.close()
         for actor in self.actors():
             ray.kill(actor)
+        keep_ray_text_off_the_console(None)
         for group in (self.group, getattr(self, "worker_group", None)):  # _start may have failed before either
             if group is not None:
                 remove_placement_group(group)

@@ -3,12 +3,15 @@ allocator the heavy actors run on."""
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import socket
+import sys
 import time
+from contextlib import contextmanager
 
 import ray
-from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
+from ray.exceptions import ActorUnavailableError, AuthenticationError, GetTimeoutError, RayActorError
 
 from distrl.config import ConfigError
 from distrl.core import RoleLost
@@ -17,10 +20,12 @@ ACTOR_GONE = (RayActorError, ActorUnavailableError)  # dead, or being restarted 
 
 
 def init_ray(address: str | None, user_modules: list | None = None) -> None:
-    """Join `address`, or start Ray embedded: loopback only, no dashboard. On a cluster, `user_modules`
-    (the user's own code a run imports, e.g. a `model.torso` factory) are shipped to every node with the
-    job's runtime_env, so they need not be installed there; embedded, workers import them as the driver
-    does (Ray puts the driver's directory on their path)."""
+    """Join `address`, or start Ray embedded: no dashboard, Ray's own token authentication (its default:
+    a token in ~/.ray/auth_token, made on first use). On a cluster, `user_modules` (the user's own code a
+    run imports, e.g. a `model.torso` factory) are shipped to every node with the job's runtime_env, so
+    they need not be installed there; embedded, workers import them as the driver does (Ray puts the
+    driver's directory on their path). A join the cluster refuses for its token is one line saying what
+    to set."""
     if address:
         _check_reachable(address)
     if ray.is_initialized():
@@ -31,14 +36,69 @@ def init_ray(address: str | None, user_modules: list | None = None) -> None:
         try:
             # Ray's own INFO lines ("Connecting to existing Ray cluster ...") stay off, as embedded:
             # a refused config is one line on stderr. Its warnings still show.
-            ray.init(address=address, log_to_driver=True, configure_logging=False, **shipped)
+            with _stderr_held():  # Ray's C++ client logs a line per refused retry: the refusal is one line
+                ray.init(address=address, log_to_driver=True, configure_logging=False, **shipped)
+        except AuthenticationError as e:  # RAY_AUTH_MODE=token, and no token where Ray looks for one
+            found = _first_line(e).split(". ")[0]  # e.g. "... no authentication token was found"
+            raise ConfigError(f"--address {address}: RAY_AUTH_MODE=token, but: {found}; {TOKEN_HINT}") from None
         except (ConnectionError, RuntimeError, ValueError, TimeoutError) as e:
+            if "InvalidAuthToken" in f"{e} {e.__cause__}":
+                sent = "the token this driver sent is not the cluster's" if _token_mode() else \
+                    "this driver sent no token (RAY_AUTH_MODE is not token)"
+                raise ConfigError(f"--address {address}: the cluster requires token authentication and refused "
+                                  f"the connection: {sent}; {TOKEN_HINT}") from None
             raise ConfigError(f"--address {address}: cannot join a Ray cluster there ({_first_line(e)})") from None
     else:
         # Embedded, we place every actor ourselves (they ask for no CPUs: see RayRoles), so one
         # Ray instance serves runs of any worker count.
-        ray.init(address="local", num_cpus=os.cpu_count() or 1, include_dashboard=False,
-                 _node_ip_address="127.0.0.1", log_to_driver=True, configure_logging=False)
+        with _quiet("ray._private.authentication.authentication_token_setup"):  # "Token authentication is enabled"
+            ray.init(address="local", num_cpus=os.cpu_count() or 1, include_dashboard=False,
+                     _node_ip_address="127.0.0.1", log_to_driver=True, configure_logging=False)
+
+
+TOKEN_HINT = ("set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH, a file) to the cluster's token "
+              "(`ray get-auth-token` on the head prints it) before starting distrl")
+
+
+def _token_mode() -> bool:
+    """Whether this process sends a token (Ray reads RAY_AUTH_MODE when it is imported)."""
+    try:
+        from ray._raylet import AuthenticationMode, get_authentication_mode
+
+        return get_authentication_mode() == AuthenticationMode.TOKEN
+    except ImportError:
+        return os.environ.get("RAY_AUTH_MODE", "").lower() == "token"
+
+
+@contextmanager
+def _stderr_held():
+    """Hold what is written to file descriptor 2 during the block (C++ logging included), and pass it on
+    only if the block succeeds."""
+    import tempfile
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        held.seek(0)
+        sys.stderr.write(held.read().decode("utf-8", "replace"))
+
+
+@contextmanager
+def _quiet(logger_name: str):
+    """A logger's warnings off for the block (Ray's notices at a clean start)."""
+    logger = logging.getLogger(logger_name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def user_modules(cfg) -> list:
@@ -88,7 +148,9 @@ def role_count(cfg, role: str) -> int:
         return cfg.learner.num_gradient_workers if cfg.learner.num_gradient_workers > 1 else 0
     if role == "inference":
         return int(cfg.rollout.inference == "central")
-    return cfg.workers if role == "workers" else 1
+    if role == "workers":
+        return 0 if cfg.data.dataset else cfg.workers  # an offline run's replay holds its dataset: no workers
+    return 1
 
 
 def actor_options(resources: dict[str, float]) -> dict:

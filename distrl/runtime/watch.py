@@ -1,60 +1,54 @@
-"""Noticing that Ray replaced a role's process, without blocking the driver.
+"""Watching the roles' processes without blocking the driver: who died, who hangs, who is back.
 
-Ray restarts a dead actor with its constructor arguments; the new process has a
-new pid, and that is how a restart shows (a death between two calls fails no
-call). `RoleWatch` keeps one `pid()` call in flight per watched actor, reads the
-answers when they are ready, and reports which roles came back as new processes.
-A role is `RoleLost` once two calls in a row find it dead (a role being restarted
-answers "unavailable", or late; a dead one whose restarts are used up, "died"), or
-when its calls keep failing for longer than the timeout.
+Deaths and restarts are Ray's to report (`ActorTable`, the GCS actor table): a death is counted there
+the moment Ray sees it. What the table cannot tell is a hang: a stopped process (SIGSTOP), or a node Ray
+has not yet declared lost, stays ALIVE there. So `RoleWatch` also keeps one `pid()` call in flight per
+watched actor; roles answer it on a thread of their own, so a role busy in a long call still answers,
+and one that leaves it unanswered for `fault.role_timeout_s` while ALIVE is hung. Ray restarts only
+dead processes: a hung one is ended (`ActorTable.end`), and Ray restarts it like any other death.
 
-Roles answer `pid()` on a thread of their own, so a role busy in a long call still answers it. One
-whose `pid()` goes unanswered for longer than the timeout without failing is alive but hung (a
-SIGSTOPped process, a lost node that Ray has not declared dead). Ray restarts only dead processes, so it
-is `RoleLost` too, as is a role whose work call outlasts the timeout (stuck, or waiting on a hung role):
-the run ends naming the role, whose process is ended so that winding down fails fast on it instead of
-waiting on it again.
+A new pid answering is the moment a role is back as a new process: the driver then puts it back in the
+run (`RayRoles._recover`). A role is `RoleLost` when Ray gives up on it (DEAD: its restarts are used
+up) or it does not come back within the timeout.
 """
 from __future__ import annotations
 
 import time
 
 import ray
-from ray.exceptions import ActorDiedError, GetTimeoutError, RayTaskError
+from ray.exceptions import GetTimeoutError, RayTaskError
 
 from distrl.core import RoleLost
+from distrl.runtime.deaths import COMING_BACK, ActorTable
+from distrl.runtime.faultlog import start_budget
 from distrl.runtime.ray_setup import ACTOR_GONE
 
 
 class RoleWatch:
-    def __init__(self, actors: dict, timeout_s: float, interval_s: float = 1.0, waits_on: dict | None = None):
+    def __init__(self, actors: dict, table: ActorTable, timeout_s: float, interval_s: float = 1.0):
         self.actors = actors  # name -> actor handle
-        self.waits_on = waits_on or {}  # name -> roles its calls wait on (a learner on the replay server)
-        self.timeout_s = timeout_s
-        self.failing_since: dict[str, float] = {}  # name -> when its pid calls started failing
-        self.died: dict[str, int] = {}  # name -> pid calls in a row that found it dead
+        self.table, self.timeout_s = table, timeout_s
+        self.start_s = start_budget(timeout_s)  # to start, or come back after a death
         self.pids: dict[str, int | None] = dict.fromkeys(actors)
-        self.restarts: dict[str, int] = dict.fromkeys(actors, 0)
+        self.new_processes: dict[str, int] = dict.fromkeys(actors, 0)  # restarts seen as new pids answering
+        self.failed: dict[str, float] = {}  # name -> when its pid calls started failing (dead or restarting)
         self.pending: dict[str, ray.ObjectRef] = {}
         self.asked: dict[str, float] = {}  # name -> when its pending pid call was sent
         self.interval_s, self.last_ask = interval_s, 0.0
 
     def poll(self) -> list[str]:
-        """Roles whose process was replaced since the last look (their restart already counted)."""
+        """Roles whose process was replaced since the last look, now answering."""
+        self.table.poll()
         replaced = []
         if self.pending:
             ready, _ = ray.wait(list(self.pending.values()), num_returns=len(self.pending), timeout=0)
             for name, ref in list(self.pending.items()):
                 if ref in ready:
                     del self.pending[name]
-                    try:
-                        pid = ray.get(ref)
-                    except (*ACTOR_GONE, RayTaskError) as e:
-                        self._failing(name, e)  # down or restarting: asked again next time
-                        continue
-                    if self._seen(name, pid):
+                    if self._answered(name, ref):
                         replaced.append(name)
-            self._check_overdue()
+        for name in self.actors:
+            self._judge(name)
         if time.time() - self.last_ask >= self.interval_s:
             self.last_ask = time.time()
             for name, actor in self.actors.items():
@@ -63,82 +57,75 @@ class RoleWatch:
                     self.asked[name] = self.last_ask
         return replaced
 
-    def _check_overdue(self) -> None:
-        """RoleLost for roles whose pid call has waited longer than the timeout: a busy role answers it
-        between two of its calls, a dead one fails it."""
-        now = time.time()
-        late = [name for name in self.pending if now - self.asked[name] > self.timeout_s]
-        for name in late:
-            if name in self.failing_since:  # died, and its new process has not answered since
-                raise RoleLost(f"the {name.replace('_', ' ')} died and did not come back within {self.timeout_s:.0f} s")
-        if late:
-            raise self.hung(late, self.timeout_s)
+    def _answered(self, name: str, ref) -> bool:
+        """Read a pid call that finished: True if it is a new process."""
+        try:
+            pid = ray.get(ref)
+        except (*ACTOR_GONE, RayTaskError):
+            self.failed.setdefault(name, time.time())  # down or restarting: asked again next time
+            return False
+        return self._seen(name, pid)
 
-    def wait_for(self, name: str, timeout_s: float) -> bool:
-        """Block until `name` answers; True if it is a new process (counted). RoleLost after `timeout_s`."""
-        deadline = time.time() + timeout_s
+    def _judge(self, name: str) -> None:
+        """RoleLost for a role Ray gave up on or that does not come back in time; a hung one is ended."""
+        self._check_dead(name)
+        state, since = self.table.state(self.actors[name])
+        role, now = name.replace("_", " "), time.time()
+        if not self.table.readable:  # no states to go by: a role is down while its calls fail, hung while silent
+            state, since = ("RESTARTING", self.failed[name]) if name in self.failed else ("ALIVE", 0.0)
+        if state in COMING_BACK and self.pids[name] is not None and now - since > self.start_s:
+            raise RoleLost(f"the {role} died and did not come back within {self.start_s:g} s")
+        asked = self.asked.get(name, now)
+        if name in self.pending and state == "ALIVE" and now - max(asked, since) > self.timeout_s:
+            self.end_hung(name)
+
+    def end_hung(self, name: str) -> None:
+        """End a role that answers nothing (Ray restarts it); its next answer is from a new process."""
+        self.table.end(self.actors[name], f"hung (no answer within {self.timeout_s:g} s), ended")
         self.pending.pop(name, None)
+
+    def wait_for(self, name: str) -> bool:
+        """Block until `name` answers; True if it is a new process. One that hangs meanwhile is ended and
+        waited for again; RoleLost when it has not answered within its start budget of starting or coming
+        back, or Ray gave up on it."""
+        actor, now, timeout_s = self.actors[name], time.time(), self.start_s
+        deadline, ref = now + timeout_s, self.pending.pop(name, None)
+        asked = self.asked.get(name, now) if ref is not None else now
+        ref = ref or actor.pid.remote()
         while True:
             try:
-                pid = ray.get(self.actors[name].pid.remote(), timeout=max(0.1, deadline - time.time()))
-                return self._seen(name, pid)
-            except (*ACTOR_GONE, RayTaskError, GetTimeoutError) as e:
-                if not isinstance(e, GetTimeoutError):
-                    self._failing(name, e)
-                if time.time() > deadline:
-                    raise self._gave_up(name, timeout_s) from None
-                time.sleep(0.5)
+                return self._seen(name, ray.get(ref, timeout=max(0.05, min(1.0, deadline - time.time()))))
+            except GetTimeoutError:
+                self.table.poll()
+                self._check_dead(name)
+                state, since = self.table.state(actor)
+                if state == "ALIVE" and time.time() - max(asked, since) > self.timeout_s:
+                    self.end_hung(name)
+                    deadline = time.time() + timeout_s  # its restart gets the time a start gets
+                    ref, asked = actor.pid.remote(), time.time()
+            except (*ACTOR_GONE, RayTaskError):
+                self.failed.setdefault(name, time.time())
+                self.table.poll(force=True)
+                self._check_dead(name)
+                time.sleep(0.2)
+                ref, asked = actor.pid.remote(), time.time()
+            if time.time() > deadline:
+                raise self._gave_up(name, timeout_s) from None
+
+    def _check_dead(self, name: str) -> None:
+        if self.table.state(self.actors[name])[0] == "DEAD":
+            raise RoleLost(f"the {name.replace('_', ' ')} died and its restarts are used up (fault.max_role_restarts)")
 
     def _gave_up(self, name: str, timeout_s: float) -> RoleLost:
         role = name.replace("_", " ")
         if self.pids[name] is None:
-            return RoleLost(f"the {role} did not start within {timeout_s:.0f} s (fault.role_timeout_s)")
-        if name in self.failing_since:
-            return RoleLost(f"the {role} died and did not come back within {timeout_s:.0f} s")
-        return self.hung([name], timeout_s)
-
-    def hung(self, names: list[str], timeout_s: float) -> RoleLost:
-        """Why the run cannot go on with calls to `names` unanswered: the roles they wait on that are silent
-        (a learner's call blocks on a stopped replay server), else they themselves. Those are ended, with
-        no restart. A role that still answers its health check was only slow: the error says so."""
-        causes = []
-        for name in names:
-            causes += [r for r in self.waits_on.get(name, ()) if r in self.actors and self._silent(r)] or [name]
-        causes = list(dict.fromkeys(causes))
-        slow = not any(self._silent(name) for name in causes)
-        for name in causes:
-            ray.kill(self.actors[name], no_restart=True)
-        roles = " and the ".join(name.replace("_", " ") for name in causes)
-        if slow:
-            return RoleLost(f"a call to the {roles} took longer than {timeout_s:.0f} s (fault.role_timeout_s)")
-        return RoleLost(f"the {roles} stopped answering: no reply within {timeout_s:.0f} s (fault.role_timeout_s)")
-
-    def _silent(self, name: str, within_s: float = 2.0) -> bool:
-        """No answer within `within_s` (a dead or restarting role fails its call: it is not hung)."""
-        try:
-            ray.get(self.actors[name].pid.remote(), timeout=within_s)
-        except GetTimeoutError:
-            return True
-        except (*ACTOR_GONE, RayTaskError):
-            pass
-        return False
-
-    def _failing(self, name: str, err: Exception) -> None:
-        """The call in flight when a role dies fails too: only a second one in a row that finds it dead
-        means Ray will not restart it."""
-        role = name.replace("_", " ")
-        self.died[name] = self.died.get(name, 0) + 1 if isinstance(err, ActorDiedError) else 0
-        if self.died[name] >= 2:
-            raise RoleLost(f"the {role} died and its restarts are used up (fault.max_role_restarts)")
-        since = self.failing_since.setdefault(name, time.time())
-        if time.time() - since > self.timeout_s:
-            raise RoleLost(f"the {role} died and did not come back within {self.timeout_s:.0f} s")
+            return RoleLost(f"the {role} did not start within {timeout_s:g} s")
+        return RoleLost(f"the {role} died and did not come back within {timeout_s:g} s")
 
     def _seen(self, name: str, pid: int) -> bool:
-        self.failing_since.pop(name, None)
-        self.died.pop(name, None)
+        self.failed.pop(name, None)
         known, self.pids[name] = self.pids[name], pid
         if known is not None and pid != known:
-            self.restarts[name] += 1
+            self.new_processes[name] += 1
             return True
         return False

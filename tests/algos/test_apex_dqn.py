@@ -8,8 +8,10 @@ from distrl.algos.qlearning import epsilon_greedy, worker_epsilon
 from distrl.config import load_config
 from distrl.core import EnvSpec, Trajectory
 from distrl.envs import env_spec
+from distrl.replay import ReplayBuffer
 from distrl.roles.factory import make_algorithm
 from tests.algos.same_network import check_acts_with_the_learners_network
+from tests.replay.stacking import Runner, make_envs
 
 
 @pytest.fixture
@@ -140,6 +142,39 @@ def test_uint8_frames_are_stored_as_bytes_and_learned_from():
         np.testing.assert_array_equal(extras["q"], learner.q(torch.as_tensor(obs.reshape(T * E, 2, 10, 10))).numpy())
     out = learner.update({**items, "weights": np.ones(len(prios), np.float32)})
     assert np.isfinite(out["loss"]) and out["priorities"].shape == prios.shape
+
+
+@pytest.mark.parametrize("padding", ["reset", "zero"])
+def test_frames_stored_once_sample_the_stacks_the_env_emitted(padding):
+    """A FrameStackObservation env through the real postprocess into replay: every sampled obs and n-step
+    next_obs stack equals, bit for bit, the one the plain (stacks per item) postprocess stores, across
+    episode starts, truncated episodes' final observations and eviction; priorities agree too."""
+    box, k = spaces.Box(0, 255, (4, 10, 10), np.uint8), 4
+    cfg = load_config(None, ["model.features=16", "apex_dqn.n_step=3", "apex_dqn.gamma=0.9"])
+    framed, plain = (make_algorithm(cfg, EnvSpec(box, spaces.Discrete(2), frame_stack=s)) for s in (k, 0))
+    weights = framed.make_learner("cpu").get_weights()
+    policy, reference = framed.make_policy(0, 1, 0), plain.make_policy(0, 1, 0)
+    for p in (policy, reference):
+        p.set_weights(weights, 0)
+    runner, buf, naive, learner = Runner(make_envs(3, k, padding, (10, 10), seed=2), 2), ReplayBuffer(150), {}, \
+        framed.make_learner("cpu")
+    for i in range(14):
+        traj = runner.rollout([1, 4, 9][i % 3], act=lambda o: policy.act(o, explore=True))
+        items, prios = policy.postprocess(traj)
+        want, want_prios = reference.postprocess(traj)
+        T, E = traj.rewards.shape
+        order = np.arange(T * E).reshape(T, E).T.ravel()  # framed items come env by env
+        np.testing.assert_allclose(prios, want_prios[order], rtol=1e-5, atol=1e-6)
+        uid = len(naive) + np.arange(T * E)
+        naive.update({int(u): {n: want[n][j] for n in ("obs", "next_obs", "rewards", "discounts")}
+                      for u, j in zip(uid, order)})
+        assert items["frames"].dtype == np.uint8 and items["frames"].nbytes < want["obs"].nbytes + want["next_obs"].nbytes
+        buf.add({**items, "uid": uid}, prios)
+        batch, idx, w = buf.sample_many(1, 32)
+        for n in ("obs", "next_obs", "rewards", "discounts"):
+            assert np.array_equal(batch[n][0], np.stack([naive[int(u)][n] for u in batch["uid"][0]])), n
+        out = learner.update({**{n: v[0] for n, v in batch.items()}, "weights": w[0]})
+        buf.update_priorities(idx[0], out["priorities"], batch["_generation"][0])
 
 
 def test_rejects_continuous_actions():

@@ -1,4 +1,6 @@
-"""R2D2's acting half: value rescaling, sequence priorities, n-step targets over sequences, acting."""
+"""R2D2's acting half: value rescaling, sequence priorities, n-step targets over sequences, acting, frames once."""
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -9,10 +11,16 @@ from hypothesis import strategies as st
 from distrl.algos.qlearning import worker_epsilon
 from distrl.algos.r2d2 import R2D2, R2D2Network
 from distrl.algos.r2d2_acting import nstep_targets, rescale, sequence_priorities, unrescale
+from distrl.checkpoint.read import _join_store
+from distrl.checkpoint.store_file import save_store
 from distrl.config import load_config
 from distrl.core import EnvSpec
+from distrl.replay.sequence_replay import SequenceReplay
+from distrl.replay.sequences import SequenceAdder
+from distrl.replay.store import digest
 from distrl.roles.factory import make_algorithm
 from tests.algos.same_network import check_acts_with_the_learners_network
+from tests.replay.stacking import Runner, make_envs
 
 SPEC = EnvSpec(spaces.Box(-1.0, 1.0, (3,), np.float32), spaces.Discrete(3))
 
@@ -209,3 +217,76 @@ def test_an_out_of_band_reset_abandons_the_adders_open_episodes():
     policy.episodes_ended(np.ones(2, bool))  # envs reset with no step in between (a worker restore)
     assert adder.resets == 1
     assert not policy.act(np.ones((2, 3), np.float32), explore=True)[1]["state"].any()  # both envs start afresh
+
+
+# ------------------------------------------------------------------ frames stored once
+
+
+def _framed_and_plain(chunk: int, capacity: int):
+    box, k = spaces.Box(0, 255, (4, 10, 10), np.uint8), 4
+    cfg = make_cfg(2, 4, 2, "model.features=16", "model.core_size=8", f"sequence.chunk_length={chunk}",
+                   "sequence.period=2")
+    framed, plain = (make_algo(cfg, EnvSpec(box, spaces.Discrete(2), frame_stack=s)) for s in (k, 0))
+    weights = framed.make_learner("cpu").get_weights()
+    policies = framed.make_policy(0, 1, 3), plain.make_policy(0, 1, 3)
+    for p in policies:
+        p.set_weights(weights, 0)
+    L = policies[0].sequence_length
+    return policies, (SequenceReplay(capacity, L, seed=4), SequenceReplay(capacity, L, seed=4))
+
+
+@pytest.mark.parametrize("padding", ["reset", "zero"])
+@pytest.mark.parametrize("chunk", [1, 3, 8])
+def test_frames_stored_once_in_sequences_sample_the_stacks_the_env_emitted(padding, chunk):
+    """A FrameStackObservation env through R2D2's postprocess into sequence replay, frames once and stacks per
+    step side by side: identical priorities and samples bit for bit (episode starts, burn-in padding, the
+    pseudo-steps holding truncated episodes' final stacks, eviction), each stack one the env emitted."""
+    (policy, reference), (buf, ref_buf) = _framed_and_plain(chunk, capacity=90)
+    runner, emitted = Runner(make_envs(2, 4, padding, (10, 10), seed=chunk), chunk), set()
+    for i in range(10):
+        traj = runner.rollout(5, act=lambda o: policy.act(o, explore=True), ended=policy.episodes_ended)
+        emitted |= {s.tobytes() for s in (*traj.obs.reshape(-1, 4, 10, 10), *traj.next_obs.reshape(-1, 4, 10, 10))}
+        (msg, prios), (want, want_prios) = policy.postprocess(traj), reference.postprocess(traj)
+        np.testing.assert_array_equal(prios, want_prios)
+        assert "chunk/obs" not in msg and msg["frames/obs"].nbytes <= want["chunk/obs"].nbytes
+        buf.add(msg, prios)
+        ref_buf.add(want, want_prios)
+        if len(buf):
+            (x, idx, w), (y, ref_idx, ref_w) = buf.sample_many(2, 8), ref_buf.sample_many(2, 8)
+            np.testing.assert_array_equal(idx, ref_idx)
+            assert x.keys() == y.keys() and all(np.array_equal(x[k], y[k]) for k in x if k != "_generation")
+            assert {s.tobytes() for s in x["obs"][x["valid"] > 0]} <= emitted
+            for b, g in ((buf, x), (ref_buf, y)):
+                b.update_priorities(idx, np.arange(idx.size, dtype=float).reshape(idx.shape), g["_generation"])
+    assert buf.stored_steps == ref_buf.stored_steps and buf.dropped_items == ref_buf.dropped_items
+
+
+def test_framed_sequence_replay_round_trips_through_the_checkpoint_file(tmp_path):
+    (policy, _), (buf, _) = _framed_and_plain(3, capacity=60)
+    runner = Runner(make_envs(2, 4, "zero", (10, 10), seed=9), 9)
+    msgs = [policy.postprocess(runner.rollout(4, act=lambda o: policy.act(o, explore=True),
+                                              ended=policy.episodes_ended)) for _ in range(12)]
+    for msg, prios in msgs[:8]:
+        buf.add(msg, prios)
+    state = buf.state_dict()
+    skel = json.loads(json.dumps(save_store(str(tmp_path), state)))  # the checkpoint path: no pickle
+    with np.load(tmp_path / "store.npz", allow_pickle=False) as npz:
+        back = _join_store(skel, dict(npz), "store.npz")
+    fresh = SequenceReplay(60, policy.sequence_length, seed=99)
+    fresh.load_state_dict(back)
+    assert digest(fresh.state_dict()) == digest(state) and fresh.bytes_per_item == buf.bytes_per_item
+    for msg, prios in msgs[8:]:
+        buf.add(msg, prios)
+        fresh.add(msg, prios)
+    (x, ia, _), (y, ib, _) = buf.sample_many(2, 6), fresh.sample_many(2, 6)
+    np.testing.assert_array_equal(ia, ib)
+    assert all(np.array_equal(x[k], y[k]) for k in x)
+    assert digest(fresh.state_dict()) == digest(buf.state_dict())
+
+
+def test_stacks_that_do_not_shift_are_refused():
+    adder = SequenceAdder(1, 4, 2, 0, 3, seed=0, frame_stack=2)
+    obs = np.arange(6, dtype=np.uint8).reshape(3, 1, 2, 1)  # [0,1], [2,3], [4,5]: no frame carried over
+    with pytest.raises(ValueError, match="shift by one frame"):
+        adder.add({"obs": obs, "rewards": np.zeros((3, 1), np.float32)}, {"obs": obs}, np.zeros((3, 1), bool),
+                  np.zeros((3, 1), bool), np.zeros((3, 1, 1, 2), np.float32), 0)

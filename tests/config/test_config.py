@@ -22,11 +22,31 @@ def test_defaults_build():
     assert cfg.algo == "apex_dqn" and cfg.mode == "async" and cfg.env.id == "CartPole-v1"
 
 
+def a_dataset_for(env_id: str, path: str) -> str:
+    """A few random episodes of `env_id` as a Minari dataset: what an offline config trains from."""
+    import gymnasium as gym
+    import numpy as np
+
+    from distrl.data.datasets import DatasetWriter, Episode
+
+    env = gym.make(env_id)
+    obs, _ = env.reset(seed=0)
+    steps = 20
+    actions = np.stack([env.action_space.sample() for _ in range(steps)])
+    episode = Episode(np.repeat(obs[None], steps + 1, 0), actions, np.zeros(steps), np.zeros(steps, bool),
+                      np.eye(steps, dtype=bool)[-1])
+    DatasetWriter(path, env.observation_space, env.action_space, {}).add([episode])
+    return path
+
+
 @pytest.mark.parametrize("path", CONFIGS, ids=os.path.basename)
-def test_every_shipped_config_loads_and_validates(path):
+def test_every_shipped_config_loads_and_validates(path, tmp_path):
     from distrl.api import validate
+    from distrl.registry import algorithm
 
     cfg = load_config(path)
+    if algorithm(cfg.algo).offline:  # an offline config takes its dataset from --set data.dataset=...
+        cfg = load_config(path, [f"data.dataset={a_dataset_for(cfg.env.id, str(tmp_path / 'data-v0'))}"])
     validate(cfg)
     assert isinstance(cfg, Config)
 
@@ -308,12 +328,18 @@ def test_a_model_given_in_part_keeps_the_algorithms_own_defaults(tmp_path):
         load_config(None, ["algo=ppo", "model.core=gru"])
 
 
+def a_float_key(algo: str) -> str:
+    """The first float key of an algorithm's section (every section has one)."""
+    section = config_class(algo)().algo_config
+    return next(fl.name for fl in dataclasses.fields(section) if isinstance(getattr(section, fl.name), float))
+
+
 @pytest.mark.parametrize("algo", ALGORITHMS)
 def test_an_algorithm_section_given_in_part_keeps_its_defaults(algo):
-    default = config_class(algo)()
-    cfg = load_config(None, [f"algo={algo}", f"{algo}.gamma=0.5"])
-    assert cfg.algo_config.gamma == 0.5
-    assert dataclasses.replace(cfg.algo_config, gamma=default.algo_config.gamma) == default.algo_config
+    default, key = config_class(algo)(), a_float_key(algo)
+    cfg = load_config(None, [f"algo={algo}", f"{algo}.{key}=0.5"])
+    assert getattr(cfg.algo_config, key) == 0.5
+    assert dataclasses.replace(cfg.algo_config, **{key: getattr(default.algo_config, key)}) == default.algo_config
     assert cfg.model == default.model
 
 
@@ -334,7 +360,7 @@ def test_the_config_a_run_dumps_holds_only_its_sections(tmp_path):
 
 def test_a_dumped_config_round_trips_for_every_algorithm(tmp_path):
     for algo in ALGORITHMS:
-        cfg = load_config(None, [f"algo={algo}", "model.hidden=[8]", f"{algo}.gamma=0.9"])
+        cfg = load_config(None, [f"algo={algo}", "model.hidden=[8]", f"{algo}.{a_float_key(algo)}=0.9"])
         assert set(yaml.safe_load(dump_yaml(cfg))) == set(to_dict(config_class(algo)()))
         path = tmp_path / f"{algo}.yaml"
         path.write_text(dump_yaml(cfg))

@@ -55,3 +55,14 @@ def test_an_evaluation_hands_back_weights_only_when_it_beats_the_best_it_knows()
     assert all(np.array_equal(first["weights"][k], weights[k]) for k in weights)
     again = evaluation.evaluate(weights, 0)  # other seeds, the same weights: kept only if better
     assert ("weights" in again) == (rank(again) > rank(first))
+
+
+def test_workers_envs_get_the_train_only_wrappers_and_the_evaluators_envs_do_not():
+    from distrl.roles.factory import acting_policy, make_algorithm, make_rollout
+
+    cfg = load_config(os.path.join(ROOT, "configs", "apex_dqn_cartpole.yaml"), ["eval.episodes=2", "env.num_envs=2"])
+    cfg.env.wrappers = [{"tests.envs.test_wrappers:ScaleReward": {"factor": 0.0}, "train_only": True}]
+    rollout = make_rollout(cfg, acting_policy(cfg, 0, 1), seed=0, worker_index=0)
+    assert rollout.envs.step(np.zeros(2, np.int64))[1].tolist() == [0.0, 0.0]
+    weights = make_algorithm(cfg).make_learner("cpu").get_weights()
+    assert make_evaluation(cfg, start_time=0.0).evaluate(weights, 0)["return_mean"] >= 8  # CartPole: 1 a step

@@ -35,9 +35,37 @@ def descends_from_us(pid: int) -> bool:
 
 
 def pids_of(name: str) -> list[int]:
-    """Processes of the actor class `name` (e.g. "RolloutWorker") started by this session's Ray."""
-    out = subprocess.run(["pgrep", "-f", f"ray::{name}"], capture_output=True, text=True).stdout
+    """Processes of the actor class `name` (e.g. "RolloutWorker") started by this session's Ray, or
+    single mode's evaluator processes ("distrl-eval") started by this session's runs."""
+    args = ["pgrep", "-x", name] if name == "distrl-eval" else ["pgrep", "-f", f"ray::{name}"]
+    out = subprocess.run(args, capture_output=True, text=True).stdout
     return [int(p) for p in out.split() if descends_from_us(int(p))]
+
+
+def snapshot(name: str) -> set:
+    """The `name` processes there now, as (pid, start time): an earlier test's may still be exiting."""
+    return {(pid, started_at(pid)) for pid in pids_of(name)}
+
+
+def new_pids(name: str, before: set) -> list[int]:
+    """`name` processes not in `before` (a `snapshot`): this run's."""
+    return [pid for pid in pids_of(name) if (pid, started_at(pid)) not in before]
+
+
+def is_stopped(pid: int) -> bool:
+    fields = _stat(pid)
+    return bool(fields) and fields[0] == "T"
+
+
+def resume_if_stopped(pid: int, start: int | None) -> None:
+    """SIGCONT a process this test stopped, if it is still that process (the run should have ended it)."""
+    import signal
+
+    if start is not None and started_at(pid) == start and descends_from_us(pid):
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
 
 
 def kill_one_once_logging(run_dir: str, name: str, timeout_s: float = 100.0):
@@ -80,3 +108,19 @@ def stop_as_ctrl_c() -> None:
     handler = signal.getsignal(signal.SIGINT)
     if getattr(handler, "__module__", None) == "distrl.runtime.launch":
         handler(signal.SIGINT, None)
+
+
+def fault_events(run_dir: str) -> list[tuple[float, str]]:
+    """RUN_DIR/faults.log's distrl lines: (seconds into the run, the event)."""
+    path, out = os.path.join(run_dir, "faults.log"), []
+    for line in open(path).read().splitlines() if os.path.exists(path) else []:
+        stamp, _, text = line.partition(" s] ")
+        if text.startswith("distrl: "):
+            out.append((float(stamp.strip("[ ")), text.removeprefix("distrl: ")))
+    return out
+
+
+def ended_at(event: tuple[float, str]) -> float:
+    """When the process an event line reports was found dead or ended (seconds into the run)."""
+    at, text = event
+    return at - float(text.rsplit("restarted in ", 1)[1].split(" s")[0])

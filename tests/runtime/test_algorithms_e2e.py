@@ -42,8 +42,14 @@ def test_algorithm_mode_end_to_end(request, tmp_path, config, mode, extra):
         assert 0.0 < last["alpha"] < 1.0 and "entropy" in last and "q_mean" in last
     if config.startswith("a3c"):
         check_a3c_staleness(run_dir, summary, mode)
-    if summary["rate_limiter"].get("samples_per_insert") is not None:
+    replay = summary["rate_limiter"].get("samples_per_insert") is not None
+    if replay:
         check_ratio(summary, load_config(os.path.join(run_dir, "config.yaml")))
+    # A replay reports what it really holds per item; an on-policy FIFO holds nothing between updates.
+    if replay:
+        assert summary["replay_bytes_per_item"] > 0
+    else:
+        assert summary["replay_bytes_per_item"] is None
 
 
 def check_ratio(summary, cfg):

@@ -55,3 +55,15 @@ def test_learner_and_replay_server_run_on_jemalloc(checkpointed):
     assert _maps(ray.get(roles.learner.pid.remote()), "libjemalloc")
     assert _maps(roles.watch.pids["replay"], "libjemalloc")
     assert not _maps(ray.get(roles.workers[0].pid.remote()), "libjemalloc")
+
+
+def test_a_config_too_large_to_travel_with_a_roles_restart_is_refused():
+    """Ray keeps a constructor argument over 100 KiB in its object store, where a restart can lose it: every
+    role's arguments are checked to travel inline instead."""
+    from distrl.config import ConfigError, to_dict
+    from distrl.runtime.ray_start import MAX_ARGUMENT_BYTES, restartable
+
+    d = to_dict(load_config(CARTPOLE))
+    assert restartable(d, "distrl-run-parameter-server", 0) == (d, "distrl-run-parameter-server", 0)
+    with pytest.raises(ConfigError, match=r"env\.kwargs"):
+        restartable({**d, "env": {**d["env"], "kwargs": {"blob": "x" * MAX_ARGUMENT_BYTES}}})

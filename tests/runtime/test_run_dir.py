@@ -228,3 +228,13 @@ def test_an_override_the_checkpoint_cannot_take_is_one_line_exit_2(killed_run, t
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"config key '{key}' cannot change on resume" in err[0]
     assert open(os.path.join(run_dir, "metrics.csv")).read() == before  # nothing was touched
+
+
+@pytest.mark.parametrize("text", ["", "\n\n", "# only a comment\n"])
+def test_an_empty_config_file_is_one_line_and_exit_2_and_writes_nothing(tmp_path, capsys, text):
+    config, run_dir = tmp_path / "empty.yaml", tmp_path / "run"
+    config.write_text(text)
+    assert main(["train", str(config), "--run-dir", str(run_dir)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"config file {config} is empty" in err[0], err
+    assert not run_dir.exists()

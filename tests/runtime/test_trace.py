@@ -227,10 +227,23 @@ def metrics_rows_with_a_worker_restart(run_dir: str) -> int:
     return sum(1 for row in rows[1:] if row.split(",")[column:column + 1] not in ([], [""], ["0"]))
 
 
+def metrics_rows(run_dir: str) -> int:
+    with open(os.path.join(run_dir, "metrics.csv")) as fh:
+        return len(fh.read().splitlines()) - 1
+
+
+def restarted(run_dir: str) -> bool:
+    """A worker's restart is complete (its line in faults.log)."""
+    path = os.path.join(run_dir, "faults.log")
+    return os.path.exists(path) and ", restarted " in open(path).read()
+
+
 def kill_a_worker_then_stop(run_dir: str, timeout_s: float = 120.0):
     """A started thread that, in the run about to be resumed in `run_dir`, SIGKILLs one rollout worker once
     two checkpoints of its own have pulled the actors' rings, and stops the run as a Ctrl-C would once the
-    restarted worker is counted in two metrics rows. The list it returns gets (pid, time) of the kill."""
+    worker's restart is in faults.log and four more metrics rows have been written (its restart is counted
+    when Ray sees the death; by then the new process has sampled). The list it returns gets (pid, time) of
+    the kill."""
     before, done, killed = set(pids_of("RolloutWorker")), complete_checkpoints(run_dir), []
 
     def wait_until(condition) -> bool:
@@ -246,7 +259,9 @@ def kill_a_worker_then_stop(run_dir: str, timeout_s: float = 120.0):
             ours = [pid for pid in pids_of("RolloutWorker") if pid not in before]
             os.kill(ours[0], signal.SIGKILL)
             killed.append((ours[0], time.time()))
-            wait_until(lambda: metrics_rows_with_a_worker_restart(run_dir) >= 2)
+            wait_until(lambda: metrics_rows_with_a_worker_restart(run_dir) >= 1 and restarted(run_dir))
+            rows = metrics_rows(run_dir)
+            wait_until(lambda: metrics_rows(run_dir) >= rows + 4)
         stop_as_ctrl_c()
 
     thread = threading.Thread(target=run, daemon=True)

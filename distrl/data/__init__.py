@@ -1,0 +1,1 @@
+"""Offline experience: datasets in Minari's format, read and written."""

@@ -1,0 +1,41 @@
+"""Cutting a vector of envs' steps into whole episodes, as a dataset stores them."""
+from __future__ import annotations
+
+import numpy as np
+
+from distrl.data.datasets import Episode
+
+
+class EpisodeRecorder:
+    """Follows E envs step by step; an episode comes out whole when it ends, with its T + 1 observations
+    (the last being the true final one, the one after reset starts the next episode)."""
+
+    def __init__(self, first_obs: np.ndarray):
+        self.open: list[dict[str, list]] = [self._new(o) for o in np.asarray(first_obs)]
+
+    @staticmethod
+    def _new(obs: np.ndarray) -> dict[str, list]:
+        return {"obs": [np.array(obs)], "actions": [], "rewards": [], "term": [], "trunc": []}
+
+    def step(self, actions, rewards, terminated, truncated, next_obs, obs_after) -> list[Episode]:
+        """One step of every env: `next_obs` the true next observations, `obs_after` what each env shows next
+        (a reset observation where its episode ended). The episodes that ended, whole."""
+        done = []
+        for i, ep in enumerate(self.open):
+            ep["actions"].append(np.array(actions[i]))
+            ep["rewards"].append(float(rewards[i]))
+            ep["term"].append(bool(terminated[i]))
+            ep["trunc"].append(bool(truncated[i]))
+            if terminated[i] or truncated[i]:
+                ep["obs"].append(np.array(next_obs[i]))
+                done.append(Episode(np.stack(ep["obs"]), np.stack(ep["actions"]),
+                                    np.asarray(ep["rewards"], np.float64), np.asarray(ep["term"], bool),
+                                    np.asarray(ep["trunc"], bool)))
+                self.open[i] = self._new(obs_after[i])
+            else:
+                ep["obs"].append(np.array(next_obs[i]))
+        return done
+
+    def restart(self, obs: np.ndarray) -> None:
+        """Every env starts a fresh episode (a worker restored from a checkpoint): open ones are dropped."""
+        self.open = [self._new(o) for o in np.asarray(obs)]

@@ -1,0 +1,243 @@
+"""Single mode's evaluator: a spawned process fed through pipes, watched like every other role.
+
+The driver never blocks on it: each pipe has a thread of its own on the driver's side (a send into a
+stopped process, or a read of a result it was killed half-way through writing, blocks only that
+thread, and ends with the process). The process beats a heartbeat from a thread of its own, so an
+evaluation of any length never looks hung; one that is dead, or silent for `fault.role_timeout_s`
+(stopped, deadlocked), is ended and started again with the run's evaluations and best so far, and
+counted as an evaluator restart. The next evaluation it gets carries the newest weights.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import signal
+import threading
+import time
+
+from distrl.config import Config, from_dict, to_dict
+from distrl.core import RoleLost
+from distrl.observe.trace import configure, tracer
+from distrl.roles.evaluation import LOWEST, make_evaluation, rank
+from distrl.roles.factory import trace_settings
+from distrl.runtime.faultlog import FaultLog, exit_cause, start_budget
+
+PROCESS_NAME = "distrl-eval"  # its /proc comm: `pgrep -x distrl-eval` finds it
+BEAT_S = 0.25
+
+
+def _beat(heartbeat) -> None:
+    while True:
+        heartbeat.value = time.time()
+        time.sleep(BEAT_S)
+
+
+def evaluator_main(cfg_dict: dict, start_time: float, jobs, results, heartbeat, resume: dict | None) -> None:
+    """Evaluator process: score each (weights, version, env_steps) it receives."""
+    try:
+        with open("/proc/self/comm", "w") as fh:
+            fh.write(PROCESS_NAME)
+    except OSError:
+        pass  # not Linux: only the name is lost
+    threading.Thread(target=_beat, args=(heartbeat,), daemon=True).start()
+    parent = os.getppid()
+    cfg = from_dict(cfg_dict)
+    configure("evaluator", None, *trace_settings(cfg))
+    evaluation = make_evaluation(cfg, start_time, resume)
+    answer = ("ready", None)
+    while True:
+        try:
+            if answer is not None:
+                results.send(answer)
+        except OSError:  # the driver is gone (or ended this process's pipes): nobody to answer
+            return
+        answer = None
+        if not jobs.poll(1.0):
+            if os.getppid() != parent:  # the driver died (e.g. SIGKILL): don't linger as an orphan
+                return
+            continue
+        try:
+            job = jobs.recv()
+        except (EOFError, OSError):
+            return
+        if job is None:
+            return
+        answer = ("trace", tracer().drain()) if job == "trace" else ("result", evaluation.evaluate(*job))
+
+
+class EvaluatorProcess:
+    """One evaluator process and the driver's ends of its pipes."""
+
+    def __init__(self, cfg_dict: dict, start_time: float, resume: dict):
+        ctx = mp.get_context("spawn")
+        self.heartbeat = ctx.RawValue("d", 0.0)
+        jobs_in, self.jobs = ctx.Pipe(duplex=False)
+        self.results, results_out = ctx.Pipe(duplex=False)
+        self.proc = ctx.Process(target=evaluator_main, name="Evaluator", daemon=True,
+                                args=(cfg_dict, start_time, jobs_in, results_out, self.heartbeat, resume))
+        self.started = time.time()
+        self.proc.start()
+        jobs_in.close()  # the child holds the only other ends: its death is EOF / a broken pipe here
+        results_out.close()
+        self.outbox: queue.Queue = queue.Queue()
+        self.inbox: queue.Queue = queue.Queue()
+        threading.Thread(target=self._send, daemon=True).start()
+        threading.Thread(target=self._receive, daemon=True).start()
+
+    def _send(self) -> None:
+        while True:
+            msg = self.inbox.get()
+            try:
+                self.jobs.send(msg)
+            except (OSError, ValueError):  # it died (or we closed the pipe): nothing more goes through
+                return
+            if msg is None:
+                return
+
+    def _receive(self) -> None:
+        while True:
+            try:
+                self.outbox.put(self.results.recv())
+            except (EOFError, OSError, ValueError):
+                return
+
+    def send(self, msg) -> None:
+        self.inbox.put(msg)
+
+    def get(self, timeout: float):
+        """The next message, or None after `timeout`."""
+        try:
+            return self.outbox.get(timeout=timeout) if timeout > 0 else self.outbox.get_nowait()
+        except queue.Empty:
+            return None
+
+    def alive(self) -> bool:
+        return self.proc.is_alive()
+
+    def silent_s(self) -> float:
+        """Seconds since its last heartbeat (since its start while it has none)."""
+        return time.time() - max(self.started, self.heartbeat.value)
+
+    def beating(self) -> bool:
+        return self.heartbeat.value > 0
+
+    def end(self, grace_s: float = 0.0) -> None:
+        """Stop it: asked to end within `grace_s`, else SIGKILL (a stopped process too)."""
+        if grace_s > 0 and self.proc.is_alive():
+            self.send(None)
+            self.proc.join(timeout=grace_s)
+        if self.proc.is_alive():
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.join(timeout=5)
+        self.inbox.put(None)  # the sender thread ends on a broken pipe or this
+        for conn in (self.jobs, self.results):
+            conn.close()
+
+
+class LocalEvaluator:
+    """Driver-side handle on the evaluator process: submit weights, poll results, restart it when it
+    dies or hangs. No call waits longer than its timeout, nor on a dead process."""
+
+    def __init__(self, cfg: Config, start_time: float, resume: dict | None, faults: FaultLog):
+        self.cfg_dict, self.start_time, self.faults = to_dict(cfg), start_time, faults
+        self.timeout_s, self.max_restarts = cfg.fault.role_timeout_s, cfg.fault.max_role_restarts
+        self.progress = {"evaluations": 0, "best": LOWEST, **(resume or {})}
+        self.restarts = 0
+        self.down: tuple[str, float] | None = None  # (cause, since) while a restarted process is not ready
+        self.traces: list[dict] = []
+        self.results: list[dict] = []  # arrived, not yet polled
+        self.proc = EvaluatorProcess(self.cfg_dict, start_time, dict(self.progress))
+        self.ready = self.busy = self.gone = False  # gone: found dead at the run's end, not restarted
+
+    def check(self, restart: bool = True) -> None:
+        """Read what arrived; a dead or silent process is ended and (with `restart`) started again."""
+        if self.gone:
+            return
+        self._pump()
+        p = self.proc
+        if p.alive():
+            if p.silent_s() <= (self.timeout_s if p.beating() else start_budget(self.timeout_s)):
+                return
+            if not p.beating():  # never started: Ray roles that do not start or come back end the run too
+                raise RoleLost(f"the evaluator did not {'come back' if self.down else 'start'} within "
+                               f"{start_budget(self.timeout_s):g} s")
+            cause = f"hung (no sign of life for {self.timeout_s:g} s), ended"
+            p.end()
+        else:
+            cause = f"died ({exit_cause(p.proc.exitcode)})"
+            p.end()
+        self._restarted(cause, restart)
+
+    def _restarted(self, cause: str, restart: bool) -> None:
+        self.restarts += 1  # counted when it is found dead, whatever happens next
+        self.ready = self.busy = False
+        if self.restarts > self.max_restarts:
+            raise RoleLost(f"the evaluator {cause.split(' (')[0]} and its restarts are used up (fault.max_role_restarts)")
+        if not restart:
+            self.faults.event(f"evaluator {cause}")
+            self.gone = True
+            return
+        self.down = (cause, time.time())
+        self.proc = EvaluatorProcess(self.cfg_dict, self.start_time, dict(self.progress))
+
+    def _pump(self, timeout: float = 0.0) -> None:
+        """Handle the messages that arrived (waiting up to `timeout` for the first): results are kept for
+        `poll`."""
+        while True:
+            msg = self.proc.get(timeout)
+            if msg is None:
+                return
+            kind, body = msg
+            if kind == "ready":
+                self.ready = True
+                if self.down is not None:
+                    cause, since = self.down
+                    self.faults.event(f"evaluator {cause}, restarted in {time.time() - since:.1f} s")
+                    self.down = None
+            elif kind == "trace":
+                self.traces.append(body)
+            else:
+                self.busy = False
+                self.progress["evaluations"] += 1
+                self.progress["best"] = max(tuple(self.progress["best"]), rank(body))
+                self.results.append(body)
+            timeout = 0.0
+
+    def _wait(self, seconds: float, done) -> None:
+        """Until `done()` or `seconds` have passed, watching the process meanwhile."""
+        deadline = time.time() + seconds
+        self.check()
+        while not done() and time.time() < deadline:
+            self._pump(min(0.2, max(0.0, deadline - time.time())))
+            self.check()
+
+    def idle(self, wait: bool = False) -> bool:
+        """Ready for a job (`wait`: until it is, at most as long as it may take to start)."""
+        self._wait(start_budget(self.timeout_s) if wait else 0.0, lambda: self.ready and not self.busy)
+        return self.ready and not self.busy
+
+    def submit(self, weights, version: int, env_steps: int) -> None:
+        self.proc.send((weights, version, env_steps))
+        self.busy = True
+
+    def poll(self, block: bool = False, timeout: float | None = None) -> list[dict]:
+        """Results that arrived (`block`: waiting up to `timeout` for the one in flight)."""
+        if self.busy and not self.results:
+            self._wait((1e9 if timeout is None else timeout) if block else 0.0, lambda: not self.busy)
+        else:
+            self.check()
+        out, self.results = self.results, []
+        return out
+
+    def drain_trace(self) -> dict | None:
+        """What the evaluator process recorded (after the evaluation in flight, if any)."""
+        self._wait(self.timeout_s, lambda: not self.busy)
+        if self.busy or not self.ready:
+            return None
+        self.proc.send("trace")
+        self._wait(self.timeout_s, lambda: bool(self.traces))
+        return self.traces.pop() if self.traces else None
+
+    def close(self) -> None:
+        self.proc.end(grace_s=5.0)

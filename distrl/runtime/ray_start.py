@@ -1,0 +1,98 @@
+"""Starting a Ray run's actors so that Ray can always restart them.
+
+Ray re-creates a dead actor from its constructor arguments. An argument Ray keeps in the object store
+(an ObjectRef, or anything over 100 KiB) may be gone by then, and the restart fails (Ray issue 53727;
+Ray warns at the start of any actor given one, or given an actor handle). So every constructor
+argument is small plain data: the config as a dict, indices, and the names of the peers an actor
+calls (each run's actors are named `<run>-<role>`, and an actor looks its peers up by name).
+"""
+from __future__ import annotations
+
+import pickle
+
+from distrl.config import ConfigError, to_dict
+from distrl.roles.factory import resolve_device, trace_settings
+from distrl.runtime.actors import Evaluator, GradientWorker, Learner, ParameterServer, ReplayServer, RolloutWorker
+from distrl.runtime.inference import InferenceServer
+from distrl.runtime.ray_setup import (actor_options, heap_runtime_env, in_bundle, next_to, pack_group, role_count,
+                                     role_resources, spread_group)
+from distrl.runtime.watch import RoleWatch
+from distrl.runtime.workers import WorkerPool
+
+MAX_ARGUMENT_BYTES = 90_000  # under Ray's 100 KiB inline limit, with room for its own framing
+
+
+def restartable(*args) -> tuple:
+    """`args`, checked to travel inline with an actor's creation (so that a restart has them)."""
+    size = len(pickle.dumps(args))
+    if size > MAX_ARGUMENT_BYTES:
+        raise ConfigError(f"the config takes {size} bytes; a role restarted by Ray gets it again only under "
+                          f"{MAX_ARGUMENT_BYTES} (larger ones live in Ray's object store, where a restart can lose "
+                          f"them): make env.kwargs smaller")
+    return args
+
+
+def start_roles(roles, cfg, start_time: float, address: str | None, eval_resume: dict | None, run: str) -> None:
+    """Create the run's actors on `roles` (a RayRoles), its RoleWatch and WorkerPool."""
+    d, f, heap_env, device = to_dict(cfg), cfg.fault, heap_runtime_env(), resolve_device(cfg.device)
+    wanted = role_resources(cfg, bool(address), device)
+    place = {name: actor_options(res) for name, res in wanted.items()}
+    role = {"max_restarts": f.max_role_restarts, "max_task_retries": 0}
+    names = {"ps": f"{run}-parameter-server", "replay": f"{run}-replay",
+             "inference": f"{run}-inference", "grads": [f"{run}-gradient-worker-{i}"
+                                                         for i in range(role_count(cfg, "gradient_workers"))]}
+    # Gradient workers are spread over the nodes (one bundle each of a placement group, one per node where
+    # enough nodes fit them): their point is more cores for the learner's arithmetic. A gradient call is pure,
+    # so Ray may retry it on a restarted worker.
+    grads = len(names["grads"])
+    roles.group = spread_group(wanted["gradient_workers"], grads, f.role_timeout_s) if grads else None
+    roles.ps = ParameterServer.options(name=names["ps"], **role, **place["parameter_server"]).remote(
+        *restartable(trace_settings(cfg)))
+    # On a cluster an unplaced replay server goes to the learner's node: batches that cross nodes leave
+    # the learner waiting for them (bench/RESULTS.md, paper model).
+    near = next_to(place["learner"], f.role_timeout_s) if address and not cfg.placement.replay else {}
+    roles.replay = ReplayServer.options(name=names["replay"], **role, **place["replay"], **near,
+                                        runtime_env=heap_env).remote(*restartable(d))
+    roles.gradient_workers = [
+        GradientWorker.options(name=names["grads"][i], **place["gradient_workers"], **in_bundle(roles.group, i),
+                               max_restarts=f.max_role_restarts, max_task_retries=3).remote(*restartable(d, i))
+        for i in range(grads)]
+    roles.learner = Learner.options(**role, **place["learner"], **near, runtime_env=heap_env).remote(
+        *restartable(d, names["ps"], names["replay"], device, names["grads"]))
+    roles.evaluator = Evaluator.options(**role, **place["evaluator"]).remote(
+        *restartable(d, names["ps"], start_time, eval_resume))
+    # Its calls are retried on a restarted server, which pulls the weights again before it answers.
+    roles.inference = [InferenceServer.options(name=names["inference"], **place["inference"],
+                                               max_restarts=f.max_role_restarts, max_task_retries=-1).remote(
+        *restartable(d, names["ps"], cfg.workers)) for _ in range(role_count(cfg, "inference"))]
+    watched = {"learner": roles.learner, "replay": roles.replay, "parameter_server": roles.ps,
+               "evaluator": roles.evaluator, **{"inference": s for s in roles.inference},
+               **{f"gradient_worker_{i}": g for i, g in enumerate(roles.gradient_workers)}}
+    labels = {"replay": "replay server", "inference": "inference server"}
+    for name, actor in watched.items():
+        kind = "gradient_workers" if name.startswith("gradient_worker") else name
+        roles.table.track(actor, kind, labels.get(name, name.replace("_", " ")))
+    roles.watch = RoleWatch(watched, roles.table, f.role_timeout_s)
+    if address:  # the roles hold their CPUs before workers ask: a worker on the learner's node could take them
+        roles._wait_for_roles()
+    _start_workers(roles, cfg, wanted, place, d, names)
+    if not address:  # embedded, no role reserves a CPU: workers start alongside the roles
+        roles._wait_for_roles()
+
+
+def _start_workers(roles, cfg, wanted: dict, place: dict, d: dict, names: dict) -> None:
+    """A dead worker is restarted by Ray with the same constructor args and options (so the same placement)
+    and re-syncs its weights on its first sample; its in-flight fragment is lost and counted by the driver.
+    Spreading uses Ray's SPREAD strategy rather than a placement group: it is one option per actor that Ray
+    applies again on a restart, while a group reserves every bundle up front, has to be re-placed after a
+    node loss, and must be removed at the end."""
+    f, strategy = cfg.fault, cfg.placement.workers_strategy  # pack needs a group: Ray has no per-actor PACK
+    n = role_count(cfg, "workers")
+    roles.worker_group = pack_group(wanted["workers"], n, f.role_timeout_s) if strategy == "pack" and n else None
+    spread = {"scheduling_strategy": "SPREAD"} if strategy == "spread" else {}
+    where = [in_bundle(roles.worker_group, i) if roles.worker_group else spread for i in range(n)]
+    inference = [names["inference"]] if roles.inference else []
+    workers = [RolloutWorker.options(**place["workers"], **where[i], max_restarts=f.max_worker_restarts + 1,
+                                     max_task_retries=0).remote(*restartable(d, i, n, names["ps"], *inference))
+               for i in range(n)]
+    roles.pool = WorkerPool(workers, cfg, roles.table)

@@ -1,0 +1,95 @@
+"""A synthetic frame-stacking env and a rollout loop, for tests of frames stored once.
+
+`FrameEnv` emits small uint8 frames that are unique (a global counter in their bytes) except where
+it repeats the last frame (a still screen) or emits a zero frame, so coincidences between frames
+are exercised too. Wrapped in gymnasium's `FrameStackObservation`, each step's stack is the one
+before shifted by a frame, padded at an episode start with copies of the first frame ("reset") or
+zeros ("zero"). `rollout` steps E such envs like a worker does and returns the `Trajectory`:
+``next_obs`` holds the true final stack at an episode end, ``obs`` of the next step the reset one.
+"""
+from __future__ import annotations
+
+import itertools
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+from gymnasium.wrappers import FrameStackObservation, TimeLimit
+
+from distrl.core import Trajectory
+
+_counter = itertools.count(1)
+
+
+class FrameEnv(gym.Env):
+    """Frames of shape `shape`; terminates with probability `p_end` per step."""
+
+    def __init__(self, shape=(3, 4), p_end: float = 0.15, seed: int = 0):
+        self.observation_space = spaces.Box(0, 255, shape, np.uint8)
+        self.action_space = spaces.Discrete(2)
+        self.p_end = p_end
+        self._rng = np.random.default_rng(seed)
+        self._last = np.zeros(shape, np.uint8)
+
+    def _frame(self) -> np.ndarray:
+        u = self._rng.random()
+        if u < 0.1:
+            return self._last.copy()  # a still screen
+        if u < 0.15:
+            return np.zeros_like(self._last)
+        frame = np.zeros(self._last.size, np.uint8)
+        raw = np.frombuffer(next(_counter).to_bytes(8, "little"), np.uint8)
+        frame[:min(8, frame.size)] = raw[:frame.size]
+        frame[-1] = 1 + self._rng.integers(0, 255)
+        self._last = frame.reshape(self._last.shape)
+        return self._last.copy()
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self._frame(), {}
+
+    def step(self, action):
+        return self._frame(), float(self._rng.normal()), bool(self._rng.random() < self.p_end), False, {}
+
+
+def make_envs(n: int, stack: int, padding: str, shape=(3, 4), max_steps: int = 9, seed: int = 0) -> list:
+    """n stacked envs; TimeLimit truncates episodes at `max_steps` (so truncations happen too)."""
+    return [FrameStackObservation(TimeLimit(FrameEnv(shape, seed=seed + i), max_steps), stack, padding_type=padding)
+            for i in range(n)]
+
+
+class Runner:
+    """Steps a list of envs with random actions, T steps per call, like a rollout worker."""
+
+    def __init__(self, envs: list, seed: int = 0):
+        self.envs = envs
+        self.rng = np.random.default_rng(seed)
+        self.obs = np.stack([env.reset(seed=seed + i)[0] for i, env in enumerate(envs)])
+
+    def rollout(self, T: int, act=None, ended=None) -> Trajectory:
+        """(T, E) steps; `act(obs) -> (actions, extras)` picks actions (random by default), `ended(done)` is
+        told after each step which envs' episodes ended (a recurrent policy resets their state)."""
+        E = len(self.envs)
+        cols = {k: [] for k in ("obs", "actions", "rewards", "terminated", "truncated", "next_obs")}
+        extras = []
+        for _ in range(T):
+            if act is None:
+                actions, ex = self.rng.integers(0, 2, E), {}
+            else:
+                actions, ex = act(self.obs)
+            extras.append(ex)
+            step = [env.step(int(a)) for env, a in zip(self.envs, actions)]
+            nxt = np.stack([s[0] for s in step])
+            term, trunc = np.array([s[2] for s in step]), np.array([s[3] for s in step])
+            for k, v in (("obs", self.obs), ("actions", actions), ("rewards", [s[1] for s in step]),
+                         ("terminated", term), ("truncated", trunc), ("next_obs", nxt)):
+                cols[k].append(np.asarray(v))
+            self.obs = nxt.copy()
+            for e in np.flatnonzero(term | trunc):
+                self.obs[e] = self.envs[e].reset()[0]
+            if ended is not None:
+                ended(term | trunc)
+        arrays = {k: np.stack(v) for k, v in cols.items()}
+        arrays["rewards"] = arrays["rewards"].astype(np.float32)
+        ex = {k: np.stack([x[k] for x in extras]) for k in (extras[0] if extras else {})}
+        return Trajectory(**arrays, extras=ex)

@@ -1,0 +1,184 @@
+"""`distrl tune`: sweeps of PPO CartPole (single-mode trials) on Ray Tune: a grid to its end, ASHA stopping
+the bad trials early, a killed sweep resumed without running its finished trials again, bad input."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from distrl.api import resume, train, validate
+from distrl.cli import main
+from distrl.runtime.tune import parse_axis, resume_sweep, run_sweep, split_values
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CONFIG = os.path.join(ROOT, "configs", "ppo_cartpole.yaml")
+# Rows and evaluations at fixed env steps: a trial's curve is the same in every run.
+FAST = ["log.interval_steps=512", "eval.interval_steps=512", "eval.episodes=3", "eval.target_return=null",
+        "log.tensorboard=false"]
+API = {"train": train, "resume": resume, "validate": validate}
+
+
+def _summary(sweep_dir: str, row: dict) -> dict:
+    with open(os.path.join(sweep_dir, row["run_dir"], "summary.json")) as fh:
+        return json.load(fh)
+
+
+def _trial(sweep_dir: str, row: dict) -> dict:
+    with open(os.path.join(sweep_dir, row["run_dir"], "trial.json")) as fh:
+        return json.load(fh)
+
+
+def test_grid_values_split_on_top_level_commas_only():
+    assert split_values("1e-3,3e-4") == ["1e-3", "3e-4"]
+    assert split_values("[64, 64],[32]") == ["[64, 64]", "[32]"]
+    assert parse_axis("ppo.lr=1e-3,3e-4") == ("ppo.lr", {"values": [0.001, 0.0003]})
+    assert parse_axis("model.hidden=[64, 64],[32]") == ("model.hidden", {"values": [[64, 64], [32]]})
+    assert parse_axis("ppo.lr=loguniform(1e-4,1e-2)") == ("ppo.lr", {"dist": "loguniform", "args": [0.0001, 0.01]})
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--grid", "ppo.lrr=1e-3,3e-4"], "unknown config key 'ppo.lrr'"),
+    (["--grid", "ppo.lr=1e-3,-1"], "config key 'ppo.lr': must be > 0.0"),
+    (["--grid", "ppo.lr"], "--grid 'ppo.lr': expected section.key=value1,value2"),
+    (["--grid", "ppo.lr=loguniform(0,1)"], "loguniform needs low > 0"),
+    (["--grid", "seed=0,1", "--grid", "seed=2"], "a key is given twice"),
+    ([], "nothing to sweep"),
+])
+def test_a_bad_sweep_is_one_line_and_writes_nothing(tmp_path, capsys, args, says):
+    sweep_dir = tmp_path / "sweep"
+    assert main(["tune", CONFIG, "--dir", str(sweep_dir), *args]) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1, err
+    assert not sweep_dir.exists()
+
+
+def test_resume_of_a_dir_that_holds_no_sweep_is_one_line(tmp_path, capsys):
+    assert main(["tune", "--resume", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "is not a distrl sweep dir" in err and err.count("\n") == 1
+
+
+def test_grid_sweep_runs_every_trial_and_tables_them(tmp_path, ray_session):
+    sweep_dir = str(tmp_path / "grid")
+    out = run_sweep(CONFIG, ["ppo.lr=3e-3,1e-3", "seed=0,1"], overrides=FAST + ["stop.max_env_steps=1024"],
+                    sweep_dir=sweep_dir, max_concurrent=2, **API)
+    rows = out["trials"]
+    assert out["dir"] == sweep_dir and len(rows) == 4
+    assert sorted((r["ppo.lr"], r["seed"]) for r in rows) == [(0.001, 0), (0.001, 1), (0.003, 0), (0.003, 1)]
+    values = [r["best_eval_return"] for r in rows]
+    assert values == sorted(values, reverse=True)  # best first
+    for row in rows:
+        summary = _summary(sweep_dir, row)
+        assert row["stop_reason"] == summary["stop_reason"] == "max_env_steps"
+        assert row["best_eval_return"] == pytest.approx(summary["best_eval_return"])
+        assert summary["env_steps"] >= 1024 and summary["mode"] == "single"
+        with open(os.path.join(sweep_dir, row["run_dir"], "config.yaml")) as fh:
+            cfg = yaml.safe_load(fh)
+        assert (cfg["ppo"]["lr"], cfg["seed"]) == (row["ppo.lr"], row["seed"])
+        assert _trial(sweep_dir, row)["starts"] == 1
+    with open(os.path.join(sweep_dir, "trials.csv")) as fh:
+        assert [r["trial"] for r in csv.DictReader(fh)] == [r["trial"] for r in rows]
+    # `distrl plot SWEEP_DIR`: one group per learning rate, the two seeds of each as its median and band.
+    from distrl.observe.plot import group_runs, read_sweep
+
+    groups = group_runs(read_sweep(sweep_dir))
+    assert sorted(groups) == [(("ppo.lr", 0.001),), (("ppo.lr", 0.003),)]
+    assert all(len(runs) == 2 for runs in groups.values())
+    assert main(["plot", sweep_dir]) == 0 and os.path.getsize(os.path.join(sweep_dir, "plot.png")) > 10_000
+
+
+def test_asha_stops_the_trials_that_learn_nothing_early(tmp_path, ray_session):
+    # Two trials that learn, then two whose learning rate is too small to move the policy. The last two
+    # start only once one of the first has ended (two at once), so ASHA compares them at 256 env steps
+    # with a trial that learned (best eval return >= 40 there, theirs <= 12) and stops them: their runs end cleanly, as at any stop condition.
+    sweep_dir = str(tmp_path / "asha")
+    # A budget far beyond the rung at 256 steps: the stop request reaches a run within a few rows.
+    rows_at = ["log.interval_steps=256", "eval.interval_steps=256", "stop.max_env_steps=8192"]
+    out = run_sweep(CONFIG, ["ppo.lr=3e-3,1e-3,1e-9,1e-10"], overrides=FAST + rows_at,
+                    sweep_dir=sweep_dir, max_concurrent=2, scheduler="asha", grace_period=256, **API)
+    rows = {r["ppo.lr"]: r for r in out["trials"]}
+    for lr in (1e-9, 1e-10):
+        summary = _summary(sweep_dir, rows[lr])
+        assert rows[lr]["stop_reason"] == summary["stop_reason"] == "early_stopped"
+        assert summary["env_steps"] < 8192
+        run_dir = os.path.join(sweep_dir, rows[lr]["run_dir"])
+        assert os.path.exists(os.path.join(run_dir, "stop_request.json.done"))  # consumed: a resume goes on
+        assert os.path.isdir(os.path.join(run_dir, "checkpoints"))
+    assert max(r["best_eval_return"] for r in rows.values()) == max(rows[3e-3]["best_eval_return"],
+                                                                   rows[1e-3]["best_eval_return"])
+
+
+def _wait_for(predicate, timeout_s: float, proc) -> None:
+    deadline = time.time() + timeout_s
+    while not predicate():
+        assert proc.poll() is None, "the sweep ended before it could be killed"
+        assert time.time() < deadline, "the sweep did not get there in time"
+        time.sleep(0.1)
+
+
+def _run_dirs(sweep_dir: str) -> dict[int, str]:
+    """Trial index -> its run dir, for the trials started so far."""
+    root = os.path.join(sweep_dir, "runs")
+    names = os.listdir(root) if os.path.isdir(root) else []
+    return {int(n.split("_")[1]): os.path.join(root, n) for n in names}
+
+
+def test_a_killed_sweep_resumes_without_running_finished_trials_again(tmp_path, ray_session):
+    sweep_dir = str(tmp_path / "killed")
+    cmd = [sys.executable, "-m", "distrl.cli", "tune", CONFIG, "--grid", "seed=0,1,2", "--dir", sweep_dir,
+           "--max-concurrent", "1", *[a for o in FAST + ["stop.max_env_steps=1024"] for a in ("--set", o)]]
+    proc = subprocess.Popen(cmd, cwd=str(tmp_path), start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        # Killed once the third trial has started: the first two finished before Tune started it.
+        _wait_for(lambda: 2 in _run_dirs(sweep_dir), 240, proc)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the driver and the Ray it started, as a lost machine would
+        proc.wait()
+    dirs = _run_dirs(sweep_dir)
+    assert not os.path.exists(os.path.join(dirs[2], "summary.json"))
+    finished = {i: os.stat(os.path.join(dirs[i], "summary.json")).st_mtime_ns for i in (0, 1)}
+
+    out = resume_sweep(sweep_dir, train=train, resume=resume)
+    rows = out["trials"]
+    assert len(rows) == 3 and all(r["stop_reason"] == "max_env_steps" for r in rows)
+    assert sorted(_trial(sweep_dir, r)["starts"] for r in rows) == [1, 1, 2]  # only the killed one again
+    for i, mtime in finished.items():
+        assert os.stat(os.path.join(dirs[i], "summary.json")).st_mtime_ns == mtime
+    assert _summary(sweep_dir, {"run_dir": dirs[2]})["env_steps"] >= 1024
+
+
+def test_placement_groups_left_by_a_dead_actor_are_released_and_no_others(ray_session):
+    import ray
+    from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
+
+    from distrl.runtime.tune_trial import release_orphan_groups
+
+    @ray.remote(num_cpus=0)
+    class Maker:  # a trial's run reserving a group of its own
+        def make(self):
+            group = placement_group([{"CPU": 0.5}])
+            ray.get(group.ready())
+            return group.id.hex()
+
+    own = placement_group([{"CPU": 0.5}])  # a driver's (as Tune's trial groups are): never touched
+    ray.get(own.ready())
+    maker = Maker.remote()
+    left = ray.get(maker.make.remote())
+    try:
+        assert release_orphan_groups() == 0  # its creator is alive
+        ray.kill(maker)
+        deadline = time.time() + 30
+        while not release_orphan_groups() and time.time() < deadline:
+            time.sleep(0.2)
+        assert placement_group_table()[left]["state"] == "REMOVED"
+        assert placement_group_table()[own.id.hex()]["state"] == "CREATED"
+    finally:
+        remove_placement_group(own)

@@ -1,0 +1,41 @@
+"""distrl.api's checks before a run: the replay memory check by the bytes the replay really stores per item."""
+import numpy as np
+import pytest
+from gymnasium import spaces
+
+from distrl.api import _check_replay
+from distrl.config import ConfigError, load_config
+from distrl.core import EnvSpec
+
+ATARI = spaces.Box(0, 255, (4, 84, 84), np.uint8)
+GIB = 2**30
+
+
+def _cfg(*extra):
+    return load_config(None, ["replay.capacity=1000000", "env.id=ALE/Breakout-v5", *extra])
+
+
+def test_an_atari_replay_of_a_million_frames_stored_once_fits_in_8_gib_not_in_6():
+    framed = EnvSpec(ATARI, spaces.Discrete(4), frame_stack=4)
+    _check_replay(_cfg(), framed, on_this_machine=True, memory=8 * GIB)  # ~7.1 KB per transition: 6.6 GiB
+    with pytest.raises(ConfigError) as e:
+        _check_replay(_cfg(), framed, on_this_machine=True, memory=6 * GIB)
+    msg = str(e.value)
+    assert msg.startswith("config key 'replay.capacity': 1000000 items need at least 6.6 GiB (") and "\n" not in msg
+    per_item = int(msg.split("(")[1].split()[0])
+    assert 84 * 84 < per_item <= 8_500
+
+
+def test_stacks_stored_per_item_need_eight_times_more_and_are_refused():
+    plain = EnvSpec(ATARI, spaces.Discrete(4), frame_stack=0)
+    with pytest.raises(ConfigError, match=r"items need at least 52\.\d GiB \(5649\d bytes each"):
+        _check_replay(_cfg(), plain, on_this_machine=True, memory=8 * GIB)
+    _check_replay(_cfg(), plain, on_this_machine=False, memory=8 * GIB)  # a cluster node may have more
+
+
+def test_sequence_replay_counts_a_chunks_first_stack_once_per_chunk():
+    framed = EnvSpec(ATARI, spaces.Discrete(4), frame_stack=4)
+    cfg = _cfg("algo=r2d2", "sequence.chunk_length=8")
+    _check_replay(cfg, framed, on_this_machine=True, memory=10 * GIB)  # 7056 * 11 / 8 + fields: 9.1 GiB
+    with pytest.raises(ConfigError, match=r"\(97\d\d bytes each"):
+        _check_replay(cfg, framed, on_this_machine=True, memory=9 * GIB)
