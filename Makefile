@@ -22,8 +22,11 @@ setup: $(VENV)/.installed
 run: setup
 	$(BIN)/distrl train $(CONFIG)
 
+# Two pytest processes: many tests wait on timeouts, Ray's start or a role's restart while the other
+# process uses the cores. A module whose fixture starts something costly stays on one process
+# (`xdist_group`), so the fixture is built once.
 test: setup
-	$(BIN)/python -m pytest tests --durations=15
+	$(BIN)/python -m pytest tests -n 2 --dist loadgroup --durations=15
 
 bench: setup
 	$(BIN)/python -m bench.throughput

@@ -2,7 +2,7 @@
 
     python -m bench.offline [--seeds 0 1 2] [--budget-s 300] [--no-peer]
 
-Per seed: a PPO CartPole run (single mode) logs its whole experience (the mixed dataset, log.dataset),
+Per seed: a PPO CartPole run (single mode, until a perfect evaluation) logs its whole experience (the mixed dataset, log.dataset),
 `distrl record` plays its best checkpoint for 50 greedy episodes (the expert dataset); a SAC Pendulum
 run's first 8,000 steps are logged (the continuous dataset). Then, each a fresh process timed from its
 start: distrl BC on the expert data, BC and CQL on the mixed data, continuous CQL on the Pendulum data;
@@ -40,7 +40,9 @@ def record_datasets(root: str, seed: int) -> dict[str, str]:
     out = {k: os.path.join(root, f"{k}-s{seed}-v0") for k in ("mixed", "expert", "pendulum")}
     quiet = ["--set", "log.progress=false", "--set", "log.tensorboard=false"]
     distrl("train", "configs/ppo_cartpole.yaml", "--seed", str(seed), "--run-dir", os.path.join(root, f"ppo{seed}"),
-           "--set", f"log.dataset={out['mixed']}", *quiet)
+           "--set", f"log.dataset={out['mixed']}", *quiet,
+           # evaluated at fixed steps until a perfect score: the expert is a policy that scores 500
+           "--set", "eval.interval_steps=4096", "--set", "eval.target_return=500")
     distrl("record", os.path.join(root, f"ppo{seed}"), "--episodes", "50", "-o", out["expert"], "--seed", str(seed))
     distrl("train", "configs/sac_pendulum.yaml", "--seed", str(seed), "--run-dir", os.path.join(root, f"sac{seed}"),
            "--set", f"log.dataset={out['pendulum']}", "--set", "eval.target_return=null",

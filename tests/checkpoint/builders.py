@@ -44,11 +44,12 @@ def learner_state() -> dict:
 
 
 def run_state(store=None, **meta) -> dict:
+    learner = learner_state()  # first: building it draws from torch's global RNG
     rng = capture_global_rng()
     return {"meta": {"env_steps": 1234, "updates": 7, "wall_s": 3.25, "config": {"lr": 1e-3,
                      "hidden": [64, 64], "async": True, "name": None}, "python_rng": rng["python_rng"],
                      **meta},
-            "learner": learner_state(), "store": store,
+            "learner": learner, "store": store,
             "workers": [{"epsilon": 0.4, "rng": np.random.default_rng(i).bit_generator.state}
                         for i in range(2)],
             "torch_rng": rng["torch_rng"], "numpy_rng": rng["numpy_rng"]}

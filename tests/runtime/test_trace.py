@@ -15,6 +15,9 @@ from distrl.cli import main
 from distrl.observe.trace_check import validate_trace
 from tests.runtime.processes import pids_of, stop_as_ctrl_c
 
+# Its module fixture is costly: one pytest process runs the whole module (`make test` runs two).
+pytestmark = pytest.mark.xdist_group("test_trace")
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 APEX = os.path.join(ROOT, "configs", "apex_dqn_cartpole.yaml")
 PPO = os.path.join(ROOT, "configs", "ppo_cartpole.yaml")
