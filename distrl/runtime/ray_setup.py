@@ -264,7 +264,7 @@ def check_placement(cfg, address: str | None) -> None:
             most = max((node.get(name, 0.0) for node in nodes), default=0.0)
             if most < amount:
                 offered = f"at most {most:g} on one node" if most else "no node offering it"
-                raise ConfigError(f"config key 'placement.{role}': {role} asks for {name}: {amount:g} per actor; "
+                raise ConfigError(f"config key 'placement.{role}': {role} asks for {_shown(name)}: {amount:g} per actor; "
                                   f"{where} has {offered}")
         if not any(fits(node, asks) for node in nodes):
             raise ConfigError(f"config key 'placement.{role}': {role} asks for {_listed(asks)} per actor; no "
@@ -273,12 +273,17 @@ def check_placement(cfg, address: str | None) -> None:
             needed[name] = needed.get(name, 0.0) + amount * count
             total = sum(node.get(name, 0.0) for node in nodes)
             if needed[name] > total + 1e-9:
-                raise ConfigError(f"config key 'placement.{role}': the roles up to {role} need {name}: "
+                raise ConfigError(f"config key 'placement.{role}': the roles up to {role} need {_shown(name)}: "
                                   f"{needed[name]:g} in all; {where} has {total:g}")
 
 
+def _shown(name: str) -> str:
+    """A resource name as the user wrote it, quoted when it holds a newline or other unprintable text."""
+    return name if name.isprintable() else repr(name)
+
+
 def _listed(asks: dict[str, float]) -> str:
-    return ", ".join(f"{k}: {v:g}" for k, v in asks.items())
+    return ", ".join(f"{_shown(k)}: {v:g}" for k, v in asks.items())
 
 
 def heap_runtime_env() -> dict:

@@ -107,6 +107,7 @@ def fake_ray(monkeypatch):
 @example(mode="async", address=None, items=[("async.window_s", 1e18)])
 @example(mode="sync", address="head:6379", items=[("placement.learner", {"GPU": 1, "node_a": 1})])
 @example(mode="async", address="head:6379", items=[("placement.workers_strategy", "pack"), ("workers", 3)])
+@example(mode="sync", address=None, items=[("placement.learner", {"\n": 1})])
 @given(mode=st.sampled_from(["sync", "async"]), address=st.sampled_from(sorted(NODES, key=str)),
        items=st.lists(st.sampled_from(RAY_KEYS).flatmap(ray_item), min_size=1, max_size=2))
 def test_ray_only_values_validate_or_are_one_config_error(fake_ray, mode, address, items):
