@@ -51,7 +51,7 @@ def make(algo: str, space: dict, seed: int):
         return d3rlpy.algos.DiscreteBCConfig(batch_size=256, learning_rate=1e-3, encoder_factory=encoder)
     if discrete:
         return d3rlpy.algos.DiscreteCQLConfig(batch_size=256, learning_rate=1e-3, alpha=1.0, target_update_interval=100,
-                                              n_steps=3, gamma=0.99, encoder_factory=encoder)
+                                              gamma=0.99, encoder_factory=encoder)  # 1-step targets: d3rlpy has no n-step
     scaler = d3rlpy.preprocessing.MinMaxActionScaler(minimum=np.array(space["low"]), maximum=np.array(space["high"]))
     if algo == "bc":
         return d3rlpy.algos.BCConfig(batch_size=128, learning_rate=1e-3, encoder_factory=encoder, action_scaler=scaler)
