@@ -32,7 +32,7 @@ from distrl.core import TrainStats
 from distrl.replay.fifo import FragmentQueue
 from distrl.roles.factory import make_algorithm, make_rollout, make_vector_env, policy_seed
 from distrl.roles.learning import learn_block
-from distrl.runtime.pacing import make_experience
+from distrl.runtime.pacing import experience_spec, make_experience
 
 FAMILIES = {  # family -> a shipped config of it
     "q_learning": "apex_dqn_cartpole.yaml",
@@ -61,7 +61,7 @@ def filled_block(cfg, algo, learner):
     policy = algo.make_policy(0, 1, policy_seed(cfg, 0))
     policy.set_weights(learner.get_weights(), 0)
     policy.observe_steps(10**9)  # past any warm-up: the network acts
-    experience, rollout = make_experience(cfg), make_rollout(cfg, policy, cfg.seed, 0)
+    experience, rollout = make_experience(experience_spec(cfg)), make_rollout(cfg, policy, cfg.seed, 0)
     replayed = not isinstance(experience.store, FragmentQueue)
     for _ in range(1000):
         frag = rollout.sample()

@@ -64,12 +64,13 @@ class ParameterServer(Traced):
 class ReplayServer(Traced):
     """Hosts the run's `ExperienceServer`: replay, or the on-policy trajectory FIFO."""
 
-    def __init__(self, cfg_dict: dict):
+    def __init__(self, spec, trace: tuple[bool, int], offline: dict | None = None):
+        # The spec alone builds the store (no torch in this process); an offline run's config also reads its
+        # dataset through the algorithm.
         from distrl.runtime.pacing import make_experience
 
-        cfg = from_dict(cfg_dict)
-        start_tracing(trace_settings(cfg), "replay")
-        self.experience = make_experience(cfg)
+        start_tracing(trace, "replay")
+        self.experience = make_experience(spec, from_dict(offline) if offline is not None else None)
         self.trimmer = HeapTrimmer()
         with warnings.catch_warnings():  # Ray's own property trips its deprecated actor_id
             warnings.simplefilter("ignore")

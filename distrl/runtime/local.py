@@ -15,7 +15,7 @@ from distrl.roles.learning import LocalIO
 from distrl.runtime.counters import plus, restarts_in
 from distrl.runtime.faultlog import FaultLog
 from distrl.runtime.local_eval import LocalEvaluator
-from distrl.runtime.pacing import learner_loop, make_experience
+from distrl.runtime.pacing import experience_spec, learner_loop, make_experience
 from distrl.threads import one_compute_thread
 
 
@@ -33,7 +33,7 @@ class LocalRoles(Roles):
         algo = make_algorithm(cfg)
         learner = algo.make_learner(resolve_device(cfg.device))
         self.policy = algo.make_policy(0, 1, policy_seed(cfg, 0))
-        self.experience = make_experience(cfg)
+        self.experience = make_experience(experience_spec(cfg), cfg)
         self.loop = learner_loop(learner, cfg, LocalIO(self.experience, self.policy))
         self.loop.publish()
         # An offline run's replay holds its dataset: no env is stepped but the evaluator's.

@@ -3,7 +3,10 @@ side run ahead, how many fragments an on-policy update takes and how often weigh
 and the experience store and learner loop they shape."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from distrl.config import Config
+from distrl.config.sections import ReplayConfig
 from distrl.registry import algorithm, on_policy
 from distrl.replay.rate_limiter import RateLimiter
 from distrl.replay.store import Take, make_store
@@ -48,20 +51,38 @@ def fragments_per_update(cfg: Config) -> int:
     return 1 if cfg.mode == "single" else cfg.workers
 
 
-def make_experience(cfg: Config) -> ExperienceServer:
-    """The run's experience store, and what its learner takes from it per request; an offline run's holds
-    its dataset from the start (a restarted replay server reads it again)."""
+@dataclass(frozen=True)
+class ExperienceSpec:
+    """What a run's experience store is built from: the parts of its config the store reads (a replay
+    server builds it from this alone, without the algorithm's module and so without torch)."""
+
+    data_path: str  # "replay", "sequence", "trajectory" or "gradients"
+    replay: ReplayConfig | None  # the replay's settings (replay and sequence data paths)
+    queue_capacity: int  # fragments the FIFO holds (on-policy data paths)
+    sequence_length: int  # steps per stored sequence (sequence data path)
+    seed: int  # the replay's sampling seed
+    take: Take  # what the learner takes per request
+
+
+def experience_spec(cfg: Config) -> ExperienceSpec:
     path = algorithm(cfg.algo).data_path
     replayed = path in ("replay", "sequence")
-    store = make_store(path, cfg.replay if replayed else None, 0 if replayed else cfg.queue.capacity,
-                       sequence_length(cfg) if path == "sequence" else 0, cfg.seed)
     lc = cfg.learner
-    experience = ExperienceServer(store, Take(lc.batch_size, lc.batches_per_call, fragments_per_update(cfg)))
-    if cfg.data.dataset:
+    return ExperienceSpec(path, cfg.replay if replayed else None, 0 if replayed else cfg.queue.capacity,
+                          sequence_length(cfg) if path == "sequence" else 0, cfg.seed,
+                          Take(lc.batch_size, lc.batches_per_call, fragments_per_update(cfg)))
+
+
+def make_experience(spec: ExperienceSpec, offline: Config | None = None) -> ExperienceServer:
+    """The run's experience store, and what its learner takes from it per request; an offline run's
+    (`offline`: its config) holds its dataset from the start (a restarted replay server reads it again)."""
+    store = make_store(spec.data_path, spec.replay, spec.queue_capacity, spec.sequence_length, spec.seed)
+    experience = ExperienceServer(store, spec.take)
+    if offline is not None and offline.data.dataset:
         from distrl.data.datasets import read_dataset
         from distrl.roles.factory import make_algorithm
 
-        experience.add(make_algorithm(cfg).dataset_items(read_dataset(cfg.data.dataset)), None)
+        experience.add(make_algorithm(offline).dataset_items(read_dataset(offline.data.dataset)), None)
     return experience
 
 

@@ -296,6 +296,7 @@ class RayRoles(Roles):
         if exact:
             self._tick()
             self.table.settle(min(5.0, self.cfg.fault.role_timeout_s))
+            self.pool.settle(min(5.0, self.cfg.fault.role_timeout_s))
         self.table.poll()
         t, pids = self.table, self.watch.new_processes
         count = (lambda role: t.restarts(role)) if t.readable else (

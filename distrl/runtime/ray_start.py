@@ -14,6 +14,7 @@ from distrl.config import ConfigError, to_dict
 from distrl.roles.factory import resolve_device, trace_settings
 from distrl.runtime.actors import Evaluator, GradientWorker, Learner, ParameterServer, ReplayServer, RolloutWorker
 from distrl.runtime.inference import InferenceServer
+from distrl.runtime.pacing import experience_spec
 from distrl.runtime.ray_setup import (actor_options, heap_runtime_env, in_bundle, next_to, pack_group, role_count,
                                      role_resources, spread_group)
 from distrl.runtime.watch import RoleWatch
@@ -52,7 +53,8 @@ def start_roles(roles, cfg, start_time: float, address: str | None, eval_resume:
     # the learner waiting for them (bench/RESULTS.md, paper model).
     near = next_to(place["learner"], f.role_timeout_s) if address and not cfg.placement.replay else {}
     roles.replay = ReplayServer.options(name=names["replay"], **role, **place["replay"], **near,
-                                        runtime_env=heap_env).remote(*restartable(d))
+                                        runtime_env=heap_env).remote(
+        *restartable(experience_spec(cfg), trace_settings(cfg), d if cfg.data.dataset else None))
     roles.gradient_workers = [
         GradientWorker.options(name=names["grads"][i], **place["gradient_workers"], **in_bundle(roles.group, i),
                                max_restarts=f.max_role_restarts, max_task_retries=3).remote(*restartable(d, i))

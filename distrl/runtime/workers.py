@@ -118,15 +118,13 @@ class WorkerPool:
             self.gatherer.release(i)
 
     def settle(self, timeout_s: float) -> None:
-        """Ask every worker its pid: one restarted since its last answer is seen now (a run's end)."""
-        refs = {i: w.pid.remote() for i, w in enumerate(self.workers) if i not in self.lost}
-        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
-        for i, ref in refs.items():
-            if ref in ready:
-                try:
-                    self._seen(i, ray.get(ref))
-                except (*ACTOR_GONE, RayTaskError):
-                    pass  # still down
+        """For an exact count at a run's end: a worker coming back (lost ones too) that answers within
+        `timeout_s` is taken back, so `lost` holds only the workers still gone."""
+        refs = [ref for ref, _ in self.restarting.values()]
+        if refs:
+            ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        self.last_check = 0.0
+        self.check()
 
     def all_lost(self) -> bool:
         return bool(self.workers) and len(self.lost) == len(self.workers)

@@ -9,7 +9,7 @@ import torch
 from distrl.config import load_config
 from distrl.roles.factory import make_algorithm, make_rollout, policy_seed
 from distrl.roles.learning import LearnerLoop, LocalIO
-from distrl.runtime.pacing import learner_loop, make_experience
+from distrl.runtime.pacing import experience_spec, learner_loop, make_experience
 
 CONFIGS = os.path.join(os.path.dirname(__file__), "..", "..", "configs")
 APEX = ["learner.batch_size=32", "learner.batches_per_call=2", "learner.publish_interval=3"]
@@ -42,7 +42,7 @@ def wired(config: str, overrides: list[str], fragments: int) -> LearnerLoop:
     cfg = load_config(os.path.join(CONFIGS, config), ["workers=1", *overrides])
     algo = make_algorithm(cfg)
     policy = algo.make_policy(0, 1, policy_seed(cfg, 0))
-    experience = make_experience(cfg)
+    experience = make_experience(experience_spec(cfg))
     loop = learner_loop(algo.make_learner("cpu"), cfg, RecordingIO(experience, policy))
     loop.publish()
     rollout = make_rollout(cfg, policy, cfg.seed, 0)

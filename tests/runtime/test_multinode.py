@@ -498,7 +498,8 @@ def test_a_lost_node_costs_its_workers_and_a_node_joining_later_takes_them_back(
             raise AssertionError(f"the node events did not complete: {events.error!r}") from events.error
     assert not events.is_alive(), "the node events were still under way when the run ended"
     assert summary["stop_reason"] == "interrupted" and summary["failure"] is None, summary
-    assert summary["workers_lost"] == 1 and summary["worker_restarts"] == 2, summary
+    counts = {k: summary[k] for k in ("workers_lost", "worker_restarts")}
+    assert counts == {"workers_lost": 1, "worker_restarts": 2}, counts
     assert summary["env_steps"] > events.lost_at["env_steps"]  # it kept sampling after the loss
     assert events.lost_at["best_eval_return"] < SOLVED <= summary["best_eval_return"], summary  # and solved after it
     assert_run_dir(run_dir, summary)

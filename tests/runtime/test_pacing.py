@@ -1,6 +1,9 @@
 """The run-mode decisions about data (distrl/runtime/pacing.py): what a gather inserts, the rate limiter's
 buffer, what an update takes, and the store and learner loop they shape. No Ray: plain functions of a config."""
 import os
+import pickle
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -10,14 +13,18 @@ from distrl.replay import ReplayBuffer
 from distrl.replay.fifo import FragmentQueue
 from distrl.replay.rate_limiter import RateLimiter
 from distrl.replay.sequence_replay import SequenceReplay
-from distrl.runtime.pacing import (error_buffer, fragments_per_update, items_per_gather, learner_loop, make_experience,
-                                   make_rate_limiter, sequence_length)
+from distrl.runtime.pacing import (error_buffer, experience_spec, fragments_per_update, items_per_gather, learner_loop,
+                                   make_experience, make_rate_limiter, sequence_length)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def config(name: str, *overrides: str):
     return load_config(os.path.join(ROOT, "configs", name), list(overrides))
+
+
+def experience(name: str, *overrides: str):
+    return make_experience(experience_spec(config(name, *overrides)))
 
 
 def test_the_default_buffer_is_one_gather_of_inserts_plus_one_learner_block_and_deadlock_free():
@@ -61,24 +68,36 @@ def test_an_on_policy_update_takes_a_fragment_per_worker_unless_told(name, overr
 
 
 def test_each_data_path_gets_its_store_sized_by_its_sections():
-    replay = make_experience(config("apex_dqn_cartpole.yaml", "replay.capacity=1234", "learner.batch_size=32"))
+    replay = experience("apex_dqn_cartpole.yaml", "replay.capacity=1234", "learner.batch_size=32")
     assert type(replay.store) is ReplayBuffer and replay.store.capacity == 1234
     assert (replay.take.batch_size, replay.take.batches_per_call) == (32, 8)
     r2d2 = config("r2d2_repeat_previous.yaml")
-    seq = make_experience(r2d2)
+    seq = make_experience(experience_spec(r2d2))
     assert type(seq.store) is SequenceReplay and seq.store.sequence_length == sequence_length(r2d2)
-    fifo = make_experience(config("ppo_cartpole.yaml", "mode=sync", "workers=2", "queue.capacity=3"))
+    fifo = experience("ppo_cartpole.yaml", "mode=sync", "workers=2", "queue.capacity=3")
     assert type(fifo.store) is FragmentQueue and fifo.store.capacity == 3 and fifo.take.fragments == 2
 
 
 def test_an_on_policy_update_takes_whole_fragments_from_the_fifo():
-    experience = make_experience(config("ppo_cartpole.yaml", "mode=sync", "workers=2"))
-    assert experience.next_block(8) is None  # nothing until every worker's fragment is in
+    fifo = experience("ppo_cartpole.yaml", "mode=sync", "workers=2")
+    assert fifo.next_block(8) is None  # nothing until every worker's fragment is in
     for i in range(2):
-        experience.add({"obs": np.full((4, 3, 1), i, np.float32)}, None)
-    batches, indices, weights = experience.next_block(8)
+        fifo.add({"obs": np.full((4, 3, 1), i, np.float32)}, None)
+    batches, indices, weights = fifo.next_block(8)
     assert batches["obs"].shape == (1, 4, 6, 1) and indices is None and weights is None  # one update, envs side by side
-    assert len(experience) == 0
+    assert len(fifo) == 0
+
+
+@pytest.mark.parametrize("name", ["apex_dqn_cartpole.yaml", "r2d2_repeat_previous.yaml", "ppo_cartpole.yaml"])
+def test_a_store_is_built_from_its_spec_without_torch(name):
+    """The replay server's process builds its store from the spec alone: torch (1.2 s and ~190 MB a process)
+    is never imported there."""
+    code = ("import pickle, sys; from distrl.runtime.pacing import make_experience; "
+            "e = make_experience(pickle.loads(sys.stdin.buffer.read())); "
+            "print(type(e.store).__name__, 'torch' in sys.modules)")
+    spec = experience_spec(config(name))
+    out = subprocess.run([sys.executable, "-c", code], input=pickle.dumps(spec), capture_output=True, check=True)
+    assert out.stdout.decode().split() == [type(make_experience(spec).store).__name__, "False"]
 
 
 @pytest.mark.parametrize("name, publish_interval, prefetch", [
