@@ -51,14 +51,14 @@ ROLES = {"workers": ("ray::RolloutWorker", "worker_restarts", "worker "),
 SINGLE = {"evaluator": ("distrl-eval", "evaluator_restarts", "evaluator ")}
 
 
-def overrides(mode: str, minutes: float) -> list[str]:
+def overrides(mode: str, minutes: float, extra: tuple = ()) -> list[str]:
     sets = [f"mode={mode}", f"stop.max_seconds={minutes * 60:g}", "eval.target_return=null", "eval.interval_s=2",
             f"fault.role_timeout_s={ROLE_TIMEOUT_S}", "fault.worker_timeout_s=60", "fault.max_role_restarts=100",
             "fault.max_worker_restarts=100", "checkpoint.interval_s=10", "log.progress=false",
             "log.tensorboard=false", "log.interval_s=1"]
     if mode != "single":
         sets += ["workers=2", "learner.num_gradient_workers=2", "rollout.inference=central"]
-    return [x for s in sets for x in ("--set", s)]
+    return [x for s in [*sets, *extra] for x in ("--set", s)]
 
 
 # --- processes -------------------------------------------------------------------------------------------
@@ -264,14 +264,14 @@ def start(args: list[str], log) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "distrl.cli", *args], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
 
 
-def run_chaos(mode: str, minutes: float, seed: int = 0, run_dir: str | None = None) -> dict:
-    """One chaos run; its checks under "checks", all true when "ok"."""
+def run_chaos(mode: str, minutes: float, seed: int = 0, run_dir: str | None = None, extra: tuple = ()) -> dict:
+    """One chaos run; its checks under "checks", all true when "ok". `extra`: more config overrides."""
     run_dir = run_dir or os.path.join(tempfile.mkdtemp(prefix=f"chaos-{mode}-"), "run")
     chaos, watch = Chaos(mode, minutes, seed, run_dir), CheckpointWatch(run_dir)
     watch.start()
     limit = time.time() + minutes * 60 + 300  # the run's own budget, start-ups, the resume: past it, a hang
     with open(run_dir + ".console.log", "w") as log:
-        proc = start(["train", CONFIG, "--run-dir", run_dir, *overrides(mode, minutes)], log)
+        proc = start(["train", CONFIG, "--run-dir", run_dir, *overrides(mode, minutes, extra)], log)
         ended, killed = None, None
         try:
             while ended is None and time.time() < limit:

@@ -1,5 +1,5 @@
-"""Environments for tests: faults (FlakyCartPole-v1, NaNCartPole-v1, HugeRewardCartPole-v1) and a slow env
-(SlowCartPole-v1). Use as env.id "distrl.envs.testing:<name>"."""
+"""Environments for tests: faults (FlakyCartPole-v1, NaNCartPole-v1, HugeRewardCartPole-v1), a slow env
+(SlowCartPole-v1) and one paced by the clock (WaitingCartPole-v1). Use as env.id "distrl.envs.testing:<name>"."""
 from __future__ import annotations
 
 import gymnasium as gym
@@ -58,6 +58,25 @@ class SlowCartPole(CartPoleEnv):
 
 if "SlowCartPole-v1" not in gym.envs.registry:
     gym.register("SlowCartPole-v1", entry_point=SlowCartPole, max_episode_steps=500, reward_threshold=475.0)
+
+
+class WaitingCartPole(CartPoleEnv):
+    """CartPole whose step waits `step_s` seconds without the CPU, as an env waiting on a simulator or a
+    robot does: a run of it is paced by the clock, and leaves the cores to other processes."""
+
+    def __init__(self, step_s: float = 0.002, **kwargs):
+        super().__init__(**kwargs)
+        self.step_s = step_s
+
+    def step(self, action):
+        import time
+
+        time.sleep(self.step_s)
+        return super().step(action)
+
+
+if "WaitingCartPole-v1" not in gym.envs.registry:
+    gym.register("WaitingCartPole-v1", entry_point=WaitingCartPole, max_episode_steps=500, reward_threshold=475.0)
 
 
 class NaNCartPole(SeededFaults):

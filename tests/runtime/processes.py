@@ -3,6 +3,10 @@ a benchmark's say, must never be signalled)."""
 import os
 import subprocess
 
+# For fault tests that need a run going, not learning: CartPole whose step waits 3 ms on the clock, so the
+# run is paced and leaves the cores to the suite's other pytest process (few eval episodes: each waits too).
+PACED = ["env.id=distrl.envs.testing:WaitingCartPole-v1", "env.kwargs={step_s: 0.003}", "eval.episodes=2"]
+
 
 def _stat(pid: int) -> list[str]:
     """/proc/<pid>/stat's fields after the command name (field 3 onwards), or [] if the process is gone."""

@@ -9,7 +9,7 @@ import threading
 import time
 
 from distrl import train
-from tests.runtime.processes import (ended_at, fault_events, new_pids, resume_if_stopped, snapshot,
+from tests.runtime.processes import (PACED, ended_at, fault_events, new_pids, resume_if_stopped, snapshot,
                                      started_at, stop_as_ctrl_c)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -205,7 +205,7 @@ def test_a_worker_killed_right_before_the_run_ends_is_counted(ray_session, tmp_p
     thread.start()
     summary = train(CARTPOLE, run_dir=str(run_dir), overrides=[
         "mode=async", "workers=2", "stop.max_seconds=120", "eval.target_return=null", "log.interval_s=0.25",
-        "log.progress=false", "log.tensorboard=false"])
+        "log.progress=false", "log.tensorboard=false", *PACED])
     thread.join(timeout=5)
     assert killed, summary
     assert summary["stop_reason"] == "interrupted", summary

@@ -9,7 +9,8 @@ import threading
 import time
 
 from distrl import train
-from tests.runtime.processes import fault_events, new_pids, resume_if_stopped, snapshot, started_at, stop_as_ctrl_c
+from tests.runtime.processes import (PACED, fault_events, new_pids, resume_if_stopped, snapshot, started_at,
+                                     stop_as_ctrl_c)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CARTPOLE = os.path.join(ROOT, "configs", "apex_dqn_cartpole.yaml")
@@ -76,7 +77,7 @@ def test_a_hung_rollout_worker_in_async_mode_is_ended_restarted_and_counted(ray_
     start = time.time()
     try:
         summary = train(CARTPOLE, run_dir=run_dir, start_time=start, overrides=[
-            "mode=async", "workers=2", "seed=0", "stop.max_seconds=200", "eval.target_return=null", *QUIET])
+            "mode=async", "workers=2", "seed=0", "stop.max_seconds=200", "eval.target_return=null", *PACED, *QUIET])
     finally:
         done.set()
         stop.join(timeout=5)

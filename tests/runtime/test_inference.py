@@ -11,7 +11,7 @@ import ray
 from distrl import train
 from distrl.config import ConfigError, load_config, to_dict
 from distrl.observe.report import run_report
-from distrl.roles.factory import make_algorithm
+from distrl.roles.factory import acting_policy, make_algorithm, make_rollout
 from distrl.runtime.actors import ParameterServer, RolloutWorker
 from distrl.runtime.inference import InferenceServer
 from tests.runtime.processes import kill_one_once_logging
@@ -21,11 +21,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 QUIET = ["log.tensorboard=false", "log.progress=false"]
 
 
-def fragments(cfg, ps, server, fragments_each: int = 3) -> list[list[tuple]]:
-    """Each of two workers' fragments (data, priorities), the workers sampling at the same time."""
-    d = to_dict(cfg)
-    extra = [server] if server is not None else []
-    workers = [RolloutWorker.remote(d, i, 2, ps, *extra) for i in range(2)]
+def central_fragments(cfg, ps, server, fragments_each: int = 3) -> list[list[tuple]]:
+    """Each of two RolloutWorker actors' fragments (data, priorities), acting through `server` and
+    sampling at the same time."""
+    workers = [RolloutWorker.remote(to_dict(cfg), i, 2, ps, server) for i in range(2)]
     try:  # each worker holds one of the embedded Ray's two CPUs: a leaked one would starve later tests
         # Both processes up before either samples: their steps then reach the server together.
         ray.get([w.pid.remote() for w in workers], timeout=120)
@@ -38,6 +37,18 @@ def fragments(cfg, ps, server, fragments_each: int = 3) -> list[list[tuple]]:
     finally:
         for w in workers:
             ray.kill(w)
+
+
+def local_fragments(cfg, weights, fragments_each: int = 3) -> list[list[tuple]]:
+    """The fragments the same two workers give acting locally: their policy and rollout (as a RolloutWorker
+    builds them), in this process."""
+    out: list[list[tuple]] = []
+    for i in range(2):
+        policy = acting_policy(cfg, i, 2)
+        policy.set_weights(weights, 0)
+        rollout = make_rollout(cfg, policy, cfg.seed + i, i)
+        out.append([(frag.data, frag.priorities) for frag in (rollout.sample() for _ in range(fragments_each))])
+    return out
 
 
 @pytest.mark.parametrize("config, overrides", [
@@ -59,7 +70,7 @@ def test_central_inference_gives_the_fragments_local_inference_gives(ray_session
     try:
         ray.get(ps.push.remote(0, weights))
         server = InferenceServer.remote(to_dict(cfg), ps, 2)
-        local, central = fragments(cfg, ps, None), fragments(cfg, ps, server)
+        local, central = local_fragments(cfg, weights), central_fragments(cfg, ps, server)
         stats = ray.get(server.stats.remote())
     finally:
         for actor in (server, ps):

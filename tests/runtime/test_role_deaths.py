@@ -14,7 +14,7 @@ import threading
 import time
 
 from distrl import train
-from tests.runtime.processes import (ended_at, fault_events, kill_one_once_logging, new_pids, pids_of,
+from tests.runtime.processes import (PACED, ended_at, fault_events, kill_one_once_logging, new_pids, pids_of,
                                      resume_if_stopped, snapshot, started_at, stop_as_ctrl_c)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -146,7 +146,7 @@ def test_a_role_that_hangs_is_ended_restarted_and_counted_and_the_run_goes_on(ra
         summary = train(CARTPOLE, run_dir=run_dir, start_time=start, overrides=[
             "mode=sync", "workers=2", f"fault.role_timeout_s={HANG_TIMEOUT_S}", "checkpoint.interval_s=1",
             "stop.max_seconds=240", "eval.target_return=null", "log.progress=false", "log.tensorboard=false",
-            "log.interval_s=0.25"])
+            "log.interval_s=0.25", *PACED])
     finally:
         done.set()
         thread.join(timeout=5)
