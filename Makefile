@@ -23,10 +23,10 @@ run: setup
 	$(BIN)/distrl train $(CONFIG)
 
 # Two pytest processes: many tests wait on timeouts, Ray's start or a role's restart while the other
-# process uses the cores. A module whose fixture starts something costly stays on one process
-# (`xdist_group`), so the fixture is built once.
+# process uses the cores. Each test module runs whole on one process (`--dist loadfile`), so a module's
+# costly fixture (a traced run, a three-node cluster) is built once, in file order.
 test: setup
-	$(BIN)/python -m pytest tests -n 2 --dist loadgroup --durations=15
+	$(BIN)/python -m pytest tests -n 2 --dist loadfile --no-loadscope-reorder --durations=15
 
 bench: setup
 	$(BIN)/python -m bench.throughput

@@ -20,9 +20,6 @@ from distrl.observe.plot import group_curve, group_runs, read_run
 from distrl.observe.report import bottleneck, build_report
 from distrl.observe.timeline import read_trace, resolve_window, timeline_size, title
 
-# Its module fixture is costly: one pytest process runs the whole module (`make test` runs two).
-pytestmark = pytest.mark.xdist_group("test_commands")
-
 START = 1_700_000_000.0
 RUN_S = 6.0
 

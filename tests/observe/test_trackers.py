@@ -16,9 +16,6 @@ import yaml
 from distrl.cli import main
 from distrl.observe.trackers import flatten
 
-# Its module fixture is costly: one pytest process runs the whole module (`make test` runs two).
-pytestmark = pytest.mark.xdist_group("test_trackers")
-
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = os.path.join(ROOT, "configs", "ppo_cartpole.yaml")
 

@@ -9,9 +9,6 @@ from distrl.config import load_config
 from distrl.runtime.ray_roles import RayRoles
 from distrl.runtime.ray_setup import heap_runtime_env
 
-# Its module fixture is costly: one pytest process runs the whole module (`make test` runs two).
-pytestmark = pytest.mark.xdist_group("test_cluster")
-
 CARTPOLE = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "apex_dqn_cartpole.yaml")
 
 

@@ -27,9 +27,6 @@ from distrl.config import ConfigError
 from distrl.runtime.ray_setup import init_ray
 from tests.runtime.processes import stop_as_ctrl_c
 
-# Its module fixture is costly: one pytest process runs the whole module (`make test` runs two).
-pytestmark = pytest.mark.xdist_group("test_multinode")
-
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CARTPOLE = os.path.join(ROOT, "configs", "apex_dqn_cartpole.yaml")
 PPO = os.path.join(ROOT, "configs", "ppo_cartpole.yaml")

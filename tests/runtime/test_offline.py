@@ -13,9 +13,6 @@ from distrl import resume, train
 from distrl.cli import main
 from distrl.data.datasets import read_dataset
 
-# Its module fixture is costly: one pytest process runs the whole module (`make test` runs two).
-pytestmark = pytest.mark.xdist_group("test_offline")
-
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 QUIET = ["log.progress=false", "log.tensorboard=false"]
 

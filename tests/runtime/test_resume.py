@@ -17,9 +17,6 @@ from distrl.checkpoint.run import read_checkpoint
 from distrl.replay.store import digest as store_digest
 from distrl.cli import main
 
-# Its module fixture is costly: one pytest process runs the whole module (`make test` runs two).
-pytestmark = pytest.mark.xdist_group("test_resume")
-
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CARTPOLE = os.path.join(ROOT, "configs", "apex_dqn_cartpole.yaml")
 QUIET = ["log.progress=false", "log.tensorboard=false"]

@@ -13,9 +13,6 @@ import pytest
 from distrl import resume
 from distrl.cli import main
 
-# Its module fixture is costly: one pytest process runs the whole module (`make test` runs two).
-pytestmark = pytest.mark.xdist_group("test_run_dir")
-
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CARTPOLE = os.path.join(ROOT, "configs", "apex_dqn_cartpole.yaml")
 QUIET = ["log.progress=false", "log.tensorboard=false", "eval.target_return=null"]

@@ -15,9 +15,6 @@ from distrl.cli import main
 from distrl.observe.trace_check import validate_trace
 from tests.runtime.processes import pids_of, stop_as_ctrl_c
 
-# Its module fixture is costly: one pytest process runs the whole module (`make test` runs two).
-pytestmark = pytest.mark.xdist_group("test_trace")
-
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 APEX = os.path.join(ROOT, "configs", "apex_dqn_cartpole.yaml")
 PPO = os.path.join(ROOT, "configs", "ppo_cartpole.yaml")
@@ -244,7 +241,7 @@ def restarted(run_dir: str) -> bool:
 def kill_a_worker_then_stop(run_dir: str, timeout_s: float = 120.0):
     """A started thread that, in the run about to be resumed in `run_dir`, SIGKILLs one rollout worker once
     two checkpoints of its own have pulled the actors' rings, and stops the run as a Ctrl-C would once the
-    worker's restart is in faults.log and four more metrics rows have been written (its restart is counted
+    worker's restart is in faults.log and ten more metrics rows have been written (its restart is counted
     when Ray sees the death; by then the new process has sampled). The list it returns gets (pid, time) of
     the kill."""
     before, done, killed = set(pids_of("RolloutWorker")), complete_checkpoints(run_dir), []
@@ -264,7 +261,8 @@ def kill_a_worker_then_stop(run_dir: str, timeout_s: float = 120.0):
             killed.append((ours[0], time.time()))
             wait_until(lambda: metrics_rows_with_a_worker_restart(run_dir) >= 1 and restarted(run_dir))
             rows = metrics_rows(run_dir)
-            wait_until(lambda: metrics_rows(run_dir) >= rows + 4)
+            # Ten more rows (5 s): on a loaded machine the new process's first fragment can take a few seconds.
+            wait_until(lambda: metrics_rows(run_dir) >= rows + 10)
         stop_as_ctrl_c()
 
     thread = threading.Thread(target=run, daemon=True)
