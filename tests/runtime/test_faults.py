@@ -158,7 +158,7 @@ def test_replay_server_and_evaluator_deaths_and_a_hung_evaluator_are_survived_an
         summary = train(CARTPOLE, run_dir=run_dir, start_time=start, overrides=[
             "mode=sync", "workers=2", "stop.max_seconds=240", "eval.target_return=null", "checkpoint.interval_s=2",
             f"fault.role_timeout_s={HANG_TIMEOUT_S}", "eval.interval_s=0.3", "log.interval_s=0.25",
-            "log.progress=false", "log.tensorboard=false"])
+            "log.progress=false", "log.tensorboard=false", *PACED])
     finally:
         done.set()
         for thread in threads:
