@@ -10,8 +10,7 @@ $(BIN)/activate:
 	$(PY) -m venv $(VENV)
 
 # torch is pinned and installed first: this machine has a CPU wheel of exactly
-# 2.13.0, while an unpinned torch would pull a multi-GB CUDA build (pip is upgraded first: the one
-# Python ships ignores this machine's local package index). No byte-compiling at install: Python
+# 2.13.0, while an unpinned torch would pull a multi-GB CUDA build. No byte-compiling at install: Python
 # compiles the modules a run imports on first use, a small part of the thousands torch and ray ship.
 $(VENV)/.installed: $(BIN)/activate pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
