@@ -10,12 +10,11 @@ $(BIN)/activate:
 	$(PY) -m venv $(VENV)
 
 # torch is pinned and installed first: this machine has a CPU wheel of exactly
-# 2.13.0, while an unpinned torch would pull a multi-GB CUDA build. No byte-compiling at install: Python
-# compiles the modules a run imports on first use, a small part of the thousands torch and ray ship.
+# 2.13.0, while an unpinned torch would pull a multi-GB CUDA build.
 $(VENV)/.installed: $(BIN)/activate pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q --no-compile torch==2.13.0
-	$(BIN)/pip install -q --no-compile -e '.[dev]'
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev]'
 	touch $@
 
 setup: $(VENV)/.installed
