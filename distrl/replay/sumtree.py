@@ -85,8 +85,11 @@ class SumTree:
         self._max = max(self._max, float(vals.max()))
         # Recompute parents from both children instead of adding deltas, so
         # sums stay exact and round-off never accumulates across updates.
+        # `nodes` stays sorted level by level, so dropping repeats needs no sort (np.unique sorts).
         for _ in range(self._depth):
-            nodes = np.unique(nodes >> 1)
+            nodes = nodes >> 1
+            if nodes.size > 1:
+                nodes = nodes[np.concatenate(([True], nodes[1:] != nodes[:-1]))]
             self._tree[nodes] = self._tree[2 * nodes] + self._tree[2 * nodes + 1]
 
     def set_all(self, values: np.ndarray) -> None:
