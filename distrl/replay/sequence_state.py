@@ -33,9 +33,10 @@ class SequenceState:
         }
         if self._data is not None:
             live = np.flatnonzero(self._chunk["key"] >= 0)
+            take = _rows(live)
             state["chunks"] = {"slot": live, "free": np.array(self._free, np.int64),
-                               "data": {k: v[live] for k, v in self._data.items()},
-                               "key": self._chunk["key"][live], "length": self._chunk["length"][live]}
+                               "data": {k: v[take] for k, v in self._data.items()},
+                               "key": self._chunk["key"][take], "length": self._chunk["length"][take]}
             if self._stacks:  # fields kept as frames, and their stack sizes (plain ints)
                 state["chunks"]["stacks"] = dict(self._stacks)
             pos = self._ring(self._size)
@@ -73,3 +74,12 @@ class SequenceState:
         self._serial, self._stored, self.dropped_items, self._sample_count = serial, stored, dropped, count
         self._max_priority = float(state["max_priority"][0])
         self._rng.bit_generator.state = state["rng"]
+
+
+def _rows(rows: np.ndarray) -> np.ndarray | slice:
+    """An index for `rows` of an array: a slice (a view, no copy) when they are 0..n-1, as in a replay
+    that never freed a slot or one with every slot live; a checkpoint of a large replay would otherwise
+    copy its whole store first."""
+    if rows.size and rows[0] == 0 and rows[-1] == rows.size - 1:
+        return slice(0, rows.size)  # sorted and distinct (flatnonzero), so exactly 0..n-1
+    return rows
