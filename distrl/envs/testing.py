@@ -1,5 +1,5 @@
-"""Environments for tests: faults (FlakyCartPole-v1, NaNCartPole-v1, HugeRewardCartPole-v1), a slow env
-(SlowCartPole-v1) and one paced by the clock (WaitingCartPole-v1). Use as env.id "distrl.envs.testing:<name>"."""
+"""Environments for tests: faults (FlakyCartPole-v1, NaNCartPole-v1, HugeRewardCartPole-v1) and one paced by
+the clock (WaitingCartPole-v1). Use as env.id "distrl.envs.testing:<name>"."""
 from __future__ import annotations
 
 import gymnasium as gym
@@ -38,26 +38,6 @@ class FlakyCartPole(SeededFaults):
 
 if "FlakyCartPole-v1" not in gym.envs.registry:
     gym.register("FlakyCartPole-v1", entry_point=FlakyCartPole, max_episode_steps=500, reward_threshold=475.0)
-
-
-class SlowCartPole(CartPoleEnv):
-    """CartPole whose step takes at least `step_s` seconds of CPU: makes a run sampling-bound on purpose."""
-
-    def __init__(self, step_s: float = 0.002, **kwargs):
-        super().__init__(**kwargs)
-        self.step_s = step_s
-
-    def step(self, action):
-        import time
-
-        end = time.perf_counter() + self.step_s
-        while time.perf_counter() < end:  # busy, not sleeping: a real env's cost is CPU
-            pass
-        return super().step(action)
-
-
-if "SlowCartPole-v1" not in gym.envs.registry:
-    gym.register("SlowCartPole-v1", entry_point=SlowCartPole, max_episode_steps=500, reward_threshold=475.0)
 
 
 class WaitingCartPole(CartPoleEnv):
