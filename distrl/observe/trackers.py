@@ -28,11 +28,20 @@ MLFLOW_PARAM_MAX = 6000  # MLflow keeps at most this many characters of a param 
 PACKAGES = {"wandb": "wandb", "mlflow": "mlflow"}
 
 
+DATABASE_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")  # MLflow's SQL stores: they need SQLAlchemy
+
+
 def check_installed(log_cfg) -> None:
-    """ConfigError naming the key when the config asks for a tracker whose package is not installed."""
+    """ConfigError naming the key when the config asks for a tracker whose package is not installed, or
+    for an MLflow database store without SQLAlchemy (the `mlflow` extra installs the client, mlflow-skinny,
+    which logs to a file store or a tracking server)."""
     for name, module in PACKAGES.items():
         if getattr(log_cfg, name, None) is not None and importlib.util.find_spec(module) is None:
             raise ConfigError(f"config key 'log.{name}': {module} is not installed (pip install -e '.[{name}]')")
+    uri = str((getattr(log_cfg, "mlflow", None) or {}).get("tracking_uri") or "")
+    if uri.split(":", 1)[0].split("+", 1)[0] in DATABASE_SCHEMES and importlib.util.find_spec("sqlalchemy") is None:
+        raise ConfigError(f"config key 'log.mlflow.tracking_uri': {uri} is a database store, which needs "
+                          "MLflow's server package (pip install mlflow)")
 
 
 def _numbers(values: dict, prefix: str = "") -> dict[str, float]:

@@ -133,6 +133,19 @@ def test_a_tracker_that_is_not_installed_is_one_line(tmp_path, capsys, monkeypat
     assert not run_dir.exists()
 
 
+def test_an_mlflow_database_store_without_sqlalchemy_is_one_line(tmp_path, capsys, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sqlalchemy" else real(name, *a))
+    run_dir = tmp_path / "run"
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    assert main(["train", CONFIG, "--set", f"log.mlflow={{tracking_uri: '{uri}'}}", "--run-dir", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert f"config key 'log.mlflow.tracking_uri': {uri} is a database store" in err and err.count("\n") == 1
+    assert "pip install mlflow" in err and not run_dir.exists()
+
+
 def test_an_unknown_tracker_key_is_one_line(tmp_path, capsys):
     assert main(["train", CONFIG, "--set", "log.wandb={projekt: x}", "--run-dir", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err
