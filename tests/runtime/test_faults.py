@@ -83,7 +83,8 @@ def best_return(run_dir: str) -> float | None:
         return None  # none yet (best.json is written whole, by a rename)
 
 
-HANG_TIMEOUT_S = 15  # fault.role_timeout_s of the runs below: above a role's start-up on a loaded machine (every role imports torch)
+HANG_TIMEOUT_S = 10  # fault.role_timeout_s, as in the chaos run: a started role answers its health check in ms
+# (a start, or a restart, has its own budget of at least a minute)
 
 
 def rows(run_dir: str) -> int:

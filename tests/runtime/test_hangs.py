@@ -15,7 +15,8 @@ from tests.runtime.processes import (PACED, fault_events, new_pids, resume_if_st
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CARTPOLE = os.path.join(ROOT, "configs", "apex_dqn_cartpole.yaml")
 PPO = os.path.join(ROOT, "configs", "ppo_cartpole.yaml")
-HANG_TIMEOUT_S = 15  # fault.role_timeout_s: above a role's start-up on a loaded machine (every role imports torch)
+HANG_TIMEOUT_S = 10  # fault.role_timeout_s, as in the chaos run: a started role answers its health check in ms
+# (a start, or a restart, has its own budget of at least a minute)
 QUIET = ["log.progress=false", "log.tensorboard=false", "log.interval_s=0.25", f"fault.role_timeout_s={HANG_TIMEOUT_S}"]
 
 
