@@ -58,7 +58,7 @@ def median_us(fn, calls: int, reps: int) -> float:
 
 def filled_block(cfg, algo, learner):
     """One learner batch from the config's own store, filled by a real rollout of a worker's policy."""
-    policy = algo.make_policy(0, 1, policy_seed(cfg, 0))
+    policy = algo.make_policy(0, 1, policy_seed(cfg.seed, 0))
     policy.set_weights(learner.get_weights(), 0)
     policy.observe_steps(10**9)  # past any warm-up: the network acts
     experience, rollout = make_experience(experience_spec(cfg)), make_rollout(cfg, policy, cfg.seed, 0)
@@ -78,7 +78,7 @@ def family_costs(config: str, reps: int) -> dict:
     cfg = load_config(os.path.join(ROOT, "configs", config))
     algo = make_algorithm(cfg)
     learner = algo.make_learner("cpu")
-    policy = algo.make_policy(0, 1, policy_seed(cfg, 0))
+    policy = algo.make_policy(0, 1, policy_seed(cfg.seed, 0))
     policy.set_weights(learner.get_weights(), 0)
     policy.observe_steps(10**9)  # SAC: past its uniform-random warm-up
     envs = make_vector_env(cfg.env.id, cfg.env.num_envs, cfg.seed, cfg.env.kwargs, type(algo).multi_agent)

@@ -158,7 +158,7 @@ def act_s_per_obs(config: str, reps: int = 21, calls: int = 500) -> float:
 
     cfg = load_config(config)
     algo = make_algorithm(cfg)
-    policy = algo.make_policy(0, 1, policy_seed(cfg, 0))
+    policy = algo.make_policy(0, 1, policy_seed(cfg.seed, 0))
     policy.set_weights(algo.make_learner("cpu").get_weights(), 0)
     obs = make_vector_env(cfg.env.id, cfg.env.num_envs, cfg.seed, cfg.env.kwargs, type(algo).multi_agent).obs
     times = []

@@ -48,20 +48,21 @@ def make_algorithm(cfg, spec: EnvSpec | None = None) -> Algorithm:
     return cls(spec, cfg.algo_config, cfg.model, cfg.seed, getattr(cfg, "sequence", None))
 
 
-def policy_seed(cfg, worker_index: int) -> int:
-    """Exploration seed of worker `worker_index` (-1: the evaluator or an inference server)."""
-    return cfg.seed + 1000 + worker_index
+def policy_seed(seed: int, worker_index: int) -> int:
+    """Exploration seed of worker `worker_index` (-1: the evaluator or an inference server) of a run of `seed`."""
+    return seed + 1000 + worker_index
 
 
 def acting_policy(cfg, worker_index: int, num_workers: int):
     """The policy of worker `worker_index` of `num_workers`, on one compute thread."""
     one_compute_thread(load_torch=True)
-    return make_algorithm(cfg).make_policy(worker_index, num_workers, policy_seed(cfg, worker_index))
+    return make_algorithm(cfg).make_policy(worker_index, num_workers, policy_seed(cfg.seed, worker_index))
 
 
-def trace_settings(cfg) -> tuple[bool, int]:
-    """(whether to record a trace, events each process keeps), as every role's tracer takes them."""
-    return cfg.log.trace, cfg.log.trace_events
+def trace_settings(log_cfg) -> tuple[bool, int]:
+    """(whether to record a trace, events each process keeps) from the `log` section, as every role's
+    tracer takes them."""
+    return log_cfg.trace, log_cfg.trace_events
 
 
 def resolve_device(device: str) -> str:

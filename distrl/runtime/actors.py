@@ -143,7 +143,7 @@ class RolloutWorker(Traced):
         from distrl.roles.factory import acting_policy, make_rollout
 
         cfg = from_dict(cfg_dict)
-        start_tracing(trace_settings(cfg), "worker", worker_index)
+        start_tracing(trace_settings(cfg.log), "worker", worker_index)
         self.policy = acting_policy(cfg, worker_index, num_workers)
         self.remote = None  # central inference: the network runs on the InferenceServer
         if inference is not None:
@@ -244,7 +244,7 @@ class Learner(Traced):
 
         one_compute_thread(load_torch=True)
         cfg = from_dict(cfg_dict)
-        start_tracing(trace_settings(cfg), "learner")
+        start_tracing(trace_settings(cfg.log), "learner")
         learner = make_algorithm(cfg).make_learner(device)
         if gradient_workers:
             learner.use_gradient_workers(ray_gradient_fn([peer(g) for g in gradient_workers], cfg.fault.role_timeout_s),
@@ -278,7 +278,7 @@ class Evaluator(Traced):
         from distrl.roles.evaluation import make_evaluation
 
         cfg = from_dict(cfg_dict)
-        start_tracing(trace_settings(cfg), "evaluator")
+        start_tracing(trace_settings(cfg.log), "evaluator")
         self.evaluation = make_evaluation(cfg, start_time, resume)
         self.ps = peer(ps)
         self.version = -1
@@ -316,7 +316,7 @@ class GradientWorker(Traced):
 
         one_compute_thread(load_torch=True)
         cfg = from_dict(cfg_dict)
-        start_tracing(trace_settings(cfg), "gradient_worker", index)
+        start_tracing(trace_settings(cfg.log), "gradient_worker", index)
         self.replica = make_algorithm(cfg).make_learner("cpu")
 
 

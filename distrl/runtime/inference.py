@@ -34,7 +34,7 @@ class InferenceServer(Traced):
         from distrl.roles.inference import InferenceBatcher
 
         cfg = from_dict(cfg_dict)
-        start_tracing(trace_settings(cfg), "inference")
+        start_tracing(trace_settings(cfg.log), "inference")
         self.policy = acting_policy(cfg, -1, num_workers)  # its forward only: workers explore themselves
         self.batcher = InferenceBatcher(self.policy, num_workers, cfg.rollout.batch_timeout_ms / 1000.0)
         self.ps = peer(ps)

@@ -24,7 +24,7 @@ class LocalRoles(Roles):
 
     def __init__(self, cfg: Config, start_time: float, eval_resume: dict | None = None, run_dir: str | None = None):
         one_compute_thread(load_torch=True)
-        configure("main", None, *trace_settings(cfg))
+        configure("main", None, *trace_settings(cfg.log))
         self.cfg = cfg
         self.restarts_before = Restarts()  # a resumed run's, from its checkpoint
         self.lost: RoleLost | None = None  # the evaluator could not come back
@@ -32,7 +32,7 @@ class LocalRoles(Roles):
         self.evaluator = LocalEvaluator(cfg, start_time, eval_resume, FaultLog(run_dir, start_time))
         algo = make_algorithm(cfg)
         learner = algo.make_learner(resolve_device(cfg.device))
-        self.policy = algo.make_policy(0, 1, policy_seed(cfg, 0))
+        self.policy = algo.make_policy(0, 1, policy_seed(cfg.seed, 0))
         self.experience = make_experience(experience_spec(cfg), cfg)
         self.loop = learner_loop(learner, cfg, LocalIO(self.experience, self.policy))
         self.loop.publish()

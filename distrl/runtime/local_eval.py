@@ -58,7 +58,7 @@ def evaluator_main(cfg_dict: dict, start_time: float, jobs, results, heartbeat, 
     threading.Thread(target=_beat, args=(heartbeat,), daemon=True).start()
     parent = os.getppid()
     cfg = from_dict(cfg_dict)
-    configure("evaluator", None, *trace_settings(cfg))
+    configure("evaluator", None, *trace_settings(cfg.log))
     evaluation = make_evaluation(cfg, start_time, resume)
     answer = ("ready", None)
     while True:

@@ -37,8 +37,8 @@ class RayRoles(Roles):
 
     def __init__(self, cfg: Config, run_dir: str, start_time: float, address: str | None = None,
                  eval_resume: dict | None = None):
-        init_ray(address, user_modules(cfg))
-        start_tracing(trace_settings(cfg), "driver")  # labelled with its Ray node, as the actors are
+        init_ray(address, user_modules(cfg.model))
+        start_tracing(trace_settings(cfg.log), "driver")  # labelled with its Ray node, as the actors are
         self.cfg, self.run_dir = cfg, run_dir
         self.group = self.worker_group = self.pool = None
         self.gradient_workers, self.inference = [], []

@@ -101,11 +101,11 @@ def _quiet(logger_name: str):
         logger.setLevel(level)
 
 
-def user_modules(cfg) -> list:
+def user_modules(model_cfg) -> list:
     """The user's own code this run's roles import (a `model.torso` factory outside installed packages)."""
     from distrl.models.factory import user_code
 
-    module = user_code(cfg.model.torso)
+    module = user_code(model_cfg.torso)
     return [module] if module is not None else []
 
 
@@ -252,7 +252,7 @@ def check_placement(cfg, address: str | None) -> None:
     wanted = role_resources(cfg, bool(address), resolve_device(cfg.device))
     if not address and not any(v > 0 for res in wanted.values() for v in res.values()):
         return  # embedded and asking for nothing: no need to start Ray to know it fits
-    init_ray(address, user_modules(cfg))
+    init_ray(address, user_modules(cfg.model))
     nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
     where = f"the cluster at {address}" if address else "the embedded Ray (no --address)"
     needed: dict[str, float] = {}

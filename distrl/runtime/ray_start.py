@@ -48,13 +48,13 @@ def start_roles(roles, cfg, start_time: float, address: str | None, eval_resume:
     grads = len(names["grads"])
     roles.group = spread_group(wanted["gradient_workers"], grads, f.role_timeout_s) if grads else None
     roles.ps = ParameterServer.options(name=names["ps"], **role, **place["parameter_server"]).remote(
-        *restartable(trace_settings(cfg)))
+        *restartable(trace_settings(cfg.log)))
     # On a cluster an unplaced replay server goes to the learner's node: batches that cross nodes leave
     # the learner waiting for them (bench/RESULTS.md, paper model).
     near = next_to(place["learner"], f.role_timeout_s) if address and not cfg.placement.replay else {}
     roles.replay = ReplayServer.options(name=names["replay"], **role, **place["replay"], **near,
                                         runtime_env=heap_env).remote(
-        *restartable(experience_spec(cfg), trace_settings(cfg), d if cfg.data.dataset else None))
+        *restartable(experience_spec(cfg), trace_settings(cfg.log), d if cfg.data.dataset else None))
     roles.gradient_workers = [
         GradientWorker.options(name=names["grads"][i], **place["gradient_workers"], **in_bundle(roles.group, i),
                                max_restarts=f.max_role_restarts, max_task_retries=3).remote(*restartable(d, i))

@@ -19,7 +19,7 @@ def learner_and_batch(algo: str, seed: int = 0):
     cfg = load_config(CONFIGS[algo], [f"seed={seed}"])
     algorithm = make_algorithm(cfg, env_spec("CartPole-v1"))
     learner = algorithm.make_learner("cpu")
-    policy = algorithm.make_policy(0, 1, policy_seed(cfg, 0))
+    policy = algorithm.make_policy(0, 1, policy_seed(cfg.seed, 0))
     policy.set_weights(learner.get_weights(), 0)
     frag = Rollout(policy, VectorEnv("CartPole-v1", 8, seed), 32, 0).sample()
     batch = dict(frag.data)

@@ -41,7 +41,7 @@ def wired(config: str, overrides: list[str], fragments: int) -> LearnerLoop:
     """A learner loop as single mode builds it, its first weights published, `fragments` sampled into its store."""
     cfg = load_config(os.path.join(CONFIGS, config), ["workers=1", *overrides])
     algo = make_algorithm(cfg)
-    policy = algo.make_policy(0, 1, policy_seed(cfg, 0))
+    policy = algo.make_policy(0, 1, policy_seed(cfg.seed, 0))
     experience = make_experience(experience_spec(cfg))
     loop = learner_loop(algo.make_learner("cpu"), cfg, RecordingIO(experience, policy))
     loop.publish()

@@ -9,7 +9,7 @@ from distrl.roles.rollout import Rollout
 def make_rollout(seed=0, worker=0, num_envs=4, T=64):
     cfg = load_config(None, [f"seed={seed}"])  # Ape-X DQN on CartPole
     algo = make_algorithm(cfg)
-    policy = algo.make_policy(worker, 2, policy_seed(cfg, worker))
+    policy = algo.make_policy(worker, 2, policy_seed(cfg.seed, worker))
     learner = algo.make_learner("cpu")
     policy.set_weights(learner.get_weights(), 0)
     return Rollout(policy, VectorEnv("CartPole-v1", num_envs, seed + worker), T, worker)
