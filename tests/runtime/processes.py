@@ -2,6 +2,8 @@
 a benchmark's say, must never be signalled)."""
 import os
 import subprocess
+import threading
+import time
 
 # For fault tests that need a run going, not learning: CartPole whose step waits 3 ms on the clock, so the
 # run is paced and leaves the cores to the suite's other pytest process (few eval episodes: each waits too).
@@ -128,3 +130,17 @@ def ended_at(event: tuple[float, str]) -> float:
     """When the process an event line reports was found dead or ended (seconds into the run)."""
     at, text = event
     return at - float(text.rsplit("restarted in ", 1)[1].split(" s")[0])
+
+
+def stop_once_back(run_dir: str, done: threading.Event, rows_after: int = 4) -> None:
+    """Stop the run as a Ctrl-C would once faults.log has a restart and `rows_after` more metrics rows."""
+    deadline = time.time() + 180
+    while time.time() < deadline and not done.is_set() and not any(
+            ", restarted " in text for _, text in fault_events(run_dir)):
+        time.sleep(0.1)
+    rows = len(open(os.path.join(run_dir, "metrics.csv")).readlines()) if not done.is_set() else 0
+    while time.time() < deadline and not done.is_set():
+        if len(open(os.path.join(run_dir, "metrics.csv")).readlines()) >= rows + rows_after:
+            stop_as_ctrl_c()
+            return
+        time.sleep(0.1)

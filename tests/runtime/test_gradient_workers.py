@@ -1,10 +1,10 @@
 """Gradient workers through real Ray actors: the learner shares each step's gradient with them."""
 import json
 import os
-import time
+import threading
 
 from distrl import train
-from tests.runtime.processes import kill_one_once_logging
+from tests.runtime.processes import kill_one_once_logging, stop_once_back
 from tests.runtime.test_trace import assert_trace_has_every_lane, run_lanes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -37,19 +37,26 @@ def test_apex_async_with_two_gradient_workers_trains_and_both_share_every_step(r
     assert abs(spans["gradient worker 0"] - spans["gradient worker 1"]) <= 2
 
 
-def test_a_killed_gradient_worker_is_restarted_and_ppo_still_solves(ray_session, tmp_path):
-    """Its gradient call is retried on the restarted process (a pure function of weights and shard)."""
-    run_dir = str(tmp_path / "run")
-    start = time.time()
+def test_a_killed_gradient_worker_is_restarted_and_ppo_trains_on(ray_session, tmp_path):
+    """Its gradient call is retried on the restarted process (a pure function of weights and shard); the run
+    trains on and is stopped (as a Ctrl-C would) a few rows after the restart. That PPO still solves with a
+    gradient worker's fault is tested with a hung one (test_hangs.py)."""
+    run_dir, done = str(tmp_path / "run"), threading.Event()
     thread, killed = kill_one_once_logging(run_dir, "GradientWorker")
-    summary = train(os.path.join(ROOT, "configs", "ppo_cartpole.yaml"), run_dir=run_dir, start_time=start,
-                    overrides=["mode=sync", "workers=2", "seed=0", "learner.num_gradient_workers=2",
-                               "stop.max_seconds=150", "log.interval_s=0.25", *QUIET])
+    stop = threading.Thread(target=stop_once_back, args=(run_dir, done, 8), daemon=True)
+    stop.start()
+    try:
+        summary = train(os.path.join(ROOT, "configs", "ppo_cartpole.yaml"), run_dir=run_dir,
+                        overrides=["mode=sync", "workers=2", "seed=0", "learner.num_gradient_workers=2",
+                                   "stop.max_seconds=150", "eval.target_return=null", "log.interval_s=0.25", *QUIET])
+    finally:
+        done.set()
+        stop.join(timeout=5)
     thread.join(timeout=5)
     assert len(killed) == 1
-    assert summary["solved"] and summary["failure"] is None, summary
+    assert summary["stop_reason"] == "interrupted" and summary["failure"] is None, summary
+    assert summary["gradient_worker_restarts"] == 1, summary
     assert summary["learner_restarts"] == 0 and summary["nonfinite_updates"] == 0, summary
-    assert killed[0][1] - start < summary["time_to_solve_s"]  # it learned on past the kill
     # The killed process was one of this run's two gradient workers; both lanes have shards from a process
     # other than it (a dead process keeps only what a checkpoint pulled before its death): the killed one
     # answered again from a restarted process.

@@ -9,8 +9,7 @@ import threading
 import time
 
 from distrl import train
-from tests.runtime.processes import (PACED, fault_events, new_pids, resume_if_stopped, snapshot, started_at,
-                                     stop_as_ctrl_c)
+from tests.runtime.processes import PACED, new_pids, resume_if_stopped, snapshot, started_at, stop_once_back
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CARTPOLE = os.path.join(ROOT, "configs", "apex_dqn_cartpole.yaml")
@@ -51,20 +50,6 @@ class Stopper(threading.Thread):
 
 def console_events(err: str) -> list[str]:
     return [line.removeprefix("distrl: ") for line in err.splitlines() if line.startswith("distrl: ")]
-
-
-def stop_once_back(run_dir: str, done: threading.Event, rows_after: int = 4) -> None:
-    """Stop the run as a Ctrl-C would once faults.log has a restart and `rows_after` more metrics rows."""
-    deadline = time.time() + 180
-    while time.time() < deadline and not done.is_set() and not any(
-            ", restarted " in text for _, text in fault_events(run_dir)):
-        time.sleep(0.1)
-    rows = len(open(os.path.join(run_dir, "metrics.csv")).readlines()) if not done.is_set() else 0
-    while time.time() < deadline and not done.is_set():
-        if len(open(os.path.join(run_dir, "metrics.csv")).readlines()) >= rows + rows_after:
-            stop_as_ctrl_c()
-            return
-        time.sleep(0.1)
 
 
 def test_a_hung_rollout_worker_in_async_mode_is_ended_restarted_and_counted(ray_session, tmp_path, capfd):
