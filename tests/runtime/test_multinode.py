@@ -508,5 +508,6 @@ def test_a_lost_node_costs_its_workers_and_a_node_joining_later_takes_them_back(
     survivors = sorted(node for node in nodes if node in (ids["a"], node_c))
     assert node_c is not None and survivors == sorted([ids["a"], ids["a"], node_c]), (workers, ids, node_c)
     assert len(nodes) - len(survivors) <= 2 and ids["head"] not in nodes  # the rest: node b's, pulled before the loss
-    assert all("sample" in did for _, did in workers.values())
+    # Every worker still up sampled; a lane of node b's may hold no sample (pulled before its first one ended).
+    assert all("sample" in did for node, did in workers.values() if node in (ids["a"], node_c)), workers
 
