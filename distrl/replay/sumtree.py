@@ -88,8 +88,7 @@ class SumTree:
         # `nodes` stays sorted level by level, so dropping repeats needs no sort (np.unique sorts).
         for _ in range(self._depth):
             nodes = nodes >> 1
-            if nodes.size > 1:
-                nodes = nodes[np.concatenate(([True], nodes[1:] != nodes[:-1]))]
+            nodes = nodes[np.concatenate(([True], nodes[1:] != nodes[:-1]))]
             self._tree[nodes] = self._tree[2 * nodes] + self._tree[2 * nodes + 1]
 
     def set_all(self, values: np.ndarray) -> None:

@@ -249,7 +249,7 @@ class Learner(Traced):
         if gradient_workers:
             learner.use_gradient_workers(ray_gradient_fn([peer(g) for g in gradient_workers], cfg.fault.role_timeout_s),
                                          len(gradient_workers))
-        self.loop = learner_loop(learner, cfg, RayIO(peer(ps), peer(replay)))
+        self.loop = learner_loop(learner, cfg.algo, cfg.learner.publish_interval, RayIO(peer(ps), peer(replay)))
         self.trimmer = HeapTrimmer()
 
 

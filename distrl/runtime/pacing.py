@@ -86,9 +86,10 @@ def make_experience(spec: ExperienceSpec, offline: Config | None = None) -> Expe
     return experience
 
 
-def learner_loop(learner, cfg: Config, io) -> LearnerLoop:
-    """The learner's loop: on-policy data must come from the newest weights, so those algorithms publish
-    after every update and never prefetch; replay algorithms publish every `learner.publish_interval`."""
-    if on_policy(cfg.algo):
+def learner_loop(learner, algo: str, publish_interval: int, io) -> LearnerLoop:
+    """The learner's loop for algorithm `algo`: on-policy data must come from the newest weights, so those
+    algorithms publish after every update and never prefetch; replay algorithms publish every
+    `publish_interval` (learner.publish_interval) updates."""
+    if on_policy(algo):
         return LearnerLoop(learner, io, publish_interval=1, prefetch=False)
-    return LearnerLoop(learner, io, cfg.learner.publish_interval, prefetch=True)
+    return LearnerLoop(learner, io, publish_interval, prefetch=True)

@@ -43,7 +43,7 @@ def wired(config: str, overrides: list[str], fragments: int) -> LearnerLoop:
     algo = make_algorithm(cfg)
     policy = algo.make_policy(0, 1, policy_seed(cfg.seed, 0))
     experience = make_experience(experience_spec(cfg))
-    loop = learner_loop(algo.make_learner("cpu"), cfg, RecordingIO(experience, policy))
+    loop = learner_loop(algo.make_learner("cpu"), cfg.algo, cfg.learner.publish_interval, RecordingIO(experience, policy))
     loop.publish()
     rollout = make_rollout(cfg, policy, cfg.seed, 0)
     for _ in range(fragments):

@@ -105,6 +105,6 @@ def test_a_store_is_built_from_its_spec_without_torch(name):
     ("ppo_cartpole.yaml", 1, False), ("a3c_cartpole.yaml", 1, False), ("impala_cartpole.yaml", 1, False)])
 def test_on_policy_learners_publish_every_update_and_never_prefetch(name, publish_interval, prefetch):
     cfg = config(name)
-    loop = learner_loop(learner=None, cfg=cfg, io=None)
+    loop = learner_loop(None, cfg.algo, cfg.learner.publish_interval, None)
     assert loop.publish_interval == (publish_interval or cfg.learner.publish_interval)
     assert loop.prefetch is prefetch
