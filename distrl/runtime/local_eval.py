@@ -29,6 +29,7 @@ from distrl.runtime.faultlog import FaultLog, exit_cause, start_budget
 
 PROCESS_NAME = "distrl-eval"  # its /proc comm: `pgrep -x distrl-eval` finds it
 BEAT_S = 0.25
+START_WAIT_S = 30.0  # how long ending a process still being started waits for its start
 
 
 def _context():
@@ -92,13 +93,21 @@ class EvaluatorProcess:
         self.proc = ctx.Process(target=evaluator_main, name="Evaluator", daemon=True,
                                 args=(cfg_dict, start_time, jobs_in, results_out, self.heartbeat, resume))
         self.started = time.time()
-        self.proc.start()
-        jobs_in.close()  # the child holds the only other ends: its death is EOF / a broken pipe here
-        results_out.close()
+        # The first start waits until the fork server has imported torch and the algorithms (~1 s of
+        # CPU): the driver goes on meanwhile, and jobs wait in the pipe.
+        self.starting = threading.Thread(target=self._start, args=(jobs_in, results_out), daemon=True)
+        self.starting.start()
         self.outbox: queue.Queue = queue.Queue()
         self.inbox: queue.Queue = queue.Queue()
         threading.Thread(target=self._send, daemon=True).start()
         threading.Thread(target=self._receive, daemon=True).start()
+
+    def _start(self, jobs_in, results_out) -> None:
+        try:
+            self.proc.start()
+        finally:  # the child holds the only other ends: its death is EOF / a broken pipe here
+            jobs_in.close()
+            results_out.close()
 
     def _send(self) -> None:
         while True:
@@ -128,7 +137,7 @@ class EvaluatorProcess:
             return None
 
     def alive(self) -> bool:
-        return self.proc.is_alive()
+        return self.starting.is_alive() or self.proc.is_alive()
 
     def silent_s(self) -> float:
         """Seconds since its last heartbeat (since its start while it has none)."""
@@ -139,10 +148,11 @@ class EvaluatorProcess:
 
     def end(self, grace_s: float = 0.0) -> None:
         """Stop it: asked to end within `grace_s`, else SIGKILL (a stopped process too)."""
+        self.starting.join(timeout=START_WAIT_S)
         if grace_s > 0 and self.proc.is_alive():
             self.send(None)
             self.proc.join(timeout=grace_s)
-        if self.proc.is_alive():
+        if self.proc.is_alive():  # (never started if the fork server did not answer in START_WAIT_S)
             os.kill(self.proc.pid, signal.SIGKILL)
             self.proc.join(timeout=5)
         self.inbox.put(None)  # the sender thread ends on a broken pipe or this
