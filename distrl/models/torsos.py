@@ -62,7 +62,12 @@ class MLPTorso(nn.Module):
         self.out_features = int(hidden[-1]) if hidden else in_features
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.layers(self.scale(obs).flatten(1))
+        x = self.scale.forward(obs).flatten(1)
+        # Each layer's own forward, not its __call__: for a few rows of a small MLP (a worker's step)
+        # the hook dispatch per layer costs as much as the layer.
+        for layer in self.layers:
+            x = layer.forward(x)
+        return x
 
 
 def image_layout(shape: tuple, channels: str = "auto") -> str:
