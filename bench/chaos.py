@@ -35,6 +35,7 @@ import threading
 import time
 
 from bench.common import ROOT, hardware, write_json
+from bench.procfs import descendants, started_at, stat_fields
 
 CONFIG = os.path.join(ROOT, "configs", "apex_dqn_cartpole.yaml")
 ROLE_TIMEOUT_S = 10
@@ -62,34 +63,6 @@ def overrides(mode: str, minutes: float, extra: tuple = ()) -> list[str]:
 
 
 # --- processes -------------------------------------------------------------------------------------------
-def _stat(pid: int) -> list[str]:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return []
-
-
-def started(pid: int) -> int | None:
-    fields = _stat(pid)
-    return int(fields[19]) if len(fields) > 19 else None
-
-
-def descendants(root: int) -> list[int]:
-    out, todo = [], [root]
-    children: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            fields = _stat(int(name))
-            if len(fields) > 1:
-                children.setdefault(int(fields[1]), []).append(int(name))
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
 def title(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
@@ -107,7 +80,7 @@ def role_processes(root: int, mark: str, settled_s: float = 10.0) -> list[int]:
     tick = os.sysconf("SC_CLK_TCK")
     out = []
     for pid in descendants(root):
-        fields = _stat(pid)
+        fields = stat_fields(pid)
         names = title(pid).split()  # an actor's title is ray::Class, or ray::Class.method while it runs one
         if len(fields) > 19 and fields[0] != "T" and any(n == mark or n.startswith(mark + ".") for n in names):
             if time.time() - (boot + int(fields[19]) / tick) >= settled_s:
@@ -202,7 +175,7 @@ class Chaos:
             self.cycle.append(role)  # not up yet: later
             return
         pid, action = self.rng.choice(pids), self.rng.choice(["SIGKILL", "SIGSTOP"])
-        fault = {"wall_s": wall(self.run_dir), "role": role, "action": action, "pid": pid, "start": started(pid)}
+        fault = {"wall_s": wall(self.run_dir), "role": role, "action": action, "pid": pid, "start": started_at(pid)}
         os.kill(pid, getattr(signal, action))
         self.faults.append(fault)
         print(f"chaos: {action} {role} (pid {pid}) at {fault['wall_s']:.0f} s", flush=True)
@@ -212,7 +185,7 @@ class Chaos:
             timer.start()
 
     def _continue(self, fault: dict) -> None:
-        if started(fault["pid"]) == fault["start"]:  # still there: distrl did not end it
+        if started_at(fault["pid"]) == fault["start"]:  # still there: distrl did not end it
             self.problems.append(f"{fault['role']} pid {fault['pid']} stopped for {2 * ROLE_TIMEOUT_S} s was not ended")
             os.kill(fault["pid"], signal.SIGCONT)
 
@@ -228,12 +201,12 @@ class Chaos:
         while len(set(watch.seen) - known) < 2 and time.time() < deadline and proc.poll() is None:
             time.sleep(0.1)
             watch.scan()
-        tree = [(pid, started(pid)) for pid in descendants(proc.pid)]
+        tree = [(pid, started_at(pid)) for pid in descendants(proc.pid)]
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         time.sleep(3.0)
         for pid, start in tree:  # an embedded Ray's agents may outlive the driver: ours to end
-            if started(pid) == start:
+            if started_at(pid) == start:
                 os.kill(pid, signal.SIGKILL)
         from distrl.checkpoint.run import load_latest
 

@@ -5,30 +5,11 @@ import subprocess
 import threading
 import time
 
+from bench.procfs import parent, started_at
+
 # For fault tests that need a run going, not learning: CartPole whose step waits 3 ms on the clock, so the
 # run is paced and leaves the cores to the suite's other pytest process (few eval episodes: each waits too).
 PACED = ["env.id=distrl.envs.testing:WaitingCartPole-v1", "env.kwargs={step_s: 0.003}", "eval.episodes=2"]
-
-
-def _stat(pid: int) -> list[str]:
-    """/proc/<pid>/stat's fields after the command name (field 3 onwards), or [] if the process is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return []
-
-
-def _parent(pid: int) -> int:
-    fields = _stat(pid)
-    return int(fields[1]) if len(fields) > 1 else 0
-
-
-def started_at(pid: int) -> int | None:
-    """When the process started, in clock ticks since boot: with the pid, it names one process even
-    if the pid is reused later."""
-    fields = _stat(pid)
-    return int(fields[19]) if len(fields) > 19 else None
 
 
 def descends_from_us(pid: int) -> bool:
@@ -36,7 +17,7 @@ def descends_from_us(pid: int) -> bool:
     while pid > 1:
         if pid == root:
             return True
-        pid = _parent(pid)
+        pid = parent(pid)
     return False
 
 
@@ -56,11 +37,6 @@ def snapshot(name: str) -> set:
 def new_pids(name: str, before: set) -> list[int]:
     """`name` processes not in `before` (a `snapshot`): this run's."""
     return [pid for pid in pids_of(name) if (pid, started_at(pid)) not in before]
-
-
-def is_stopped(pid: int) -> bool:
-    fields = _stat(pid)
-    return bool(fields) and fields[0] == "T"
 
 
 def resume_if_stopped(pid: int, start: int | None) -> None:

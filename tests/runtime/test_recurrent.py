@@ -1,6 +1,5 @@
 """R2D2 on a POMDP through the real path: it learns where a feed-forward agent cannot, and a run
 killed mid-way resumes with its sequence replay (chunks, items, stored recurrent states) intact."""
-import glob
 import json
 import os
 import signal
@@ -8,6 +7,7 @@ import subprocess
 import sys
 import time
 
+from bench.procfs import descendants
 from distrl import resume, train
 from distrl.checkpoint.run import read_checkpoint
 from distrl.replay.store import digest
@@ -35,24 +35,6 @@ def test_r2d2_uses_memory_where_feedforward_apex_cannot(tmp_path):
     assert not feedforward["solved"] and feedforward["best_eval_return"] < 0.6, feedforward
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every process below `pid` (by /proc's parent links)."""
-    children: dict[int, list[int]] = {}
-    for stat in glob.glob("/proc/[0-9]*/stat"):
-        try:
-            with open(stat) as fh:
-                parent = int(fh.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(parent, []).append(int(stat.split("/")[2]))
-    out, todo = [], [pid]
-    while todo:
-        found = children.get(todo.pop(), [])
-        out += found
-        todo += found
-    return out
-
-
 def _trained_checkpoints(run_dir: str) -> list[str]:
     """Complete checkpoints taken after the learner's first update."""
     def updates(ckpt):
@@ -67,7 +49,7 @@ def _kill_driver_mid_run(proc: subprocess.Popen, run_dir: str, checkpoints: int)
     deadline = time.time() + 150
     while time.time() < deadline and len(_trained_checkpoints(run_dir)) < checkpoints and proc.poll() is None:
         time.sleep(0.2)
-    started = _descendants(proc.pid)
+    started = descendants(proc.pid)
     proc.send_signal(signal.SIGKILL)
     for pid in started:
         try:
