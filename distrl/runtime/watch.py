@@ -35,6 +35,9 @@ class RoleWatch:
         self.pending: dict[str, ray.ObjectRef] = {}
         self.asked: dict[str, float] = {}  # name -> when its pending pid call was sent
         self.interval_s, self.last_ask = interval_s, 0.0
+        # Roles already reported lost: the run winds down without them (a last checkpoint, the summary),
+        # and the health looks its waits take in between go on for the others without raising again.
+        self.lost: set[str] = set()
 
     def poll(self) -> list[str]:
         """Roles whose process was replaced since the last look, now answering."""
@@ -68,12 +71,15 @@ class RoleWatch:
 
     def _judge(self, name: str) -> None:
         """RoleLost for a role Ray gave up on or that does not come back in time; a hung one is ended."""
+        if name in self.lost:
+            return
         self._check_dead(name)
         state, since = self.table.state(self.actors[name])
         role, now = name.replace("_", " "), time.time()
         if not self.table.readable:  # no states to go by: a role is down while its calls fail, hung while silent
             state, since = ("RESTARTING", self.failed[name]) if name in self.failed else ("ALIVE", 0.0)
         if state in COMING_BACK and self.pids[name] is not None and now - since > self.start_s:
+            self.lost.add(name)
             raise RoleLost(f"the {role} died and did not come back within {self.start_s:g} s")
         asked = self.asked.get(name, now)
         if name in self.pending and state == "ALIVE" and now - max(asked, since) > self.timeout_s:
@@ -110,10 +116,13 @@ class RoleWatch:
                 time.sleep(0.2)
                 ref, asked = actor.pid.remote(), time.time()
             if time.time() > deadline:
+                self.lost.add(name)
                 raise self._gave_up(name, timeout_s) from None
 
     def _check_dead(self, name: str) -> None:
+        """RoleLost if Ray gave up on it (a wait on that role itself raises it each time)."""
         if self.table.state(self.actors[name])[0] == "DEAD":
+            self.lost.add(name)
             raise RoleLost(f"the {name.replace('_', ' ')} died and its restarts are used up (fault.max_role_restarts)")
 
     def _gave_up(self, name: str, timeout_s: float) -> RoleLost:

@@ -1,0 +1,45 @@
+"""RoleWatch over real Ray actors: a role Ray gives up on is reported lost once; the health looks taken
+while the run winds down (a last checkpoint's waits) go on for the other roles without raising again."""
+import os
+import time
+
+import pytest
+import ray
+
+from distrl.core import RoleLost
+from distrl.runtime.deaths import ActorTable
+from distrl.runtime.faultlog import FaultLog
+from distrl.runtime.watch import RoleWatch
+
+
+@ray.remote(max_restarts=0, num_cpus=0)
+class Role:
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def test_a_role_reported_lost_is_not_reported_again_while_the_run_winds_down(ray_session):
+    actors = {"evaluator": Role.remote(), "learner": Role.remote()}
+    table = ActorTable(FaultLog(None, time.time(), console=False), interval_s=0.0)
+    for name, actor in actors.items():
+        table.track(actor, name, name)
+    watch = RoleWatch(actors, table, timeout_s=10.0, interval_s=0.0)
+    assert watch.wait_for("evaluator") is False and watch.wait_for("learner") is False
+    ray.kill(actors["evaluator"], no_restart=True)
+    deadline = time.time() + 30
+    with pytest.raises(RoleLost, match="the evaluator died and its restarts are used up"):
+        while time.time() < deadline:
+            watch.poll()
+            time.sleep(0.05)
+    # Winding down: the looks go on, the learner is still watched, the lost evaluator is not raised again.
+    pid = ray.get(actors["learner"].pid.remote())
+    for _ in range(5):
+        watch.poll()
+        time.sleep(0.05)
+    assert watch.pids["learner"] == pid and watch.lost == {"evaluator"}
+    # A wait on the lost role itself still fails at once.
+    t0 = time.time()
+    with pytest.raises(RoleLost, match="evaluator"):
+        watch.wait_for("evaluator")
+    assert time.time() - t0 < 5
+    ray.kill(actors["learner"], no_restart=True)
