@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import ray
@@ -23,6 +24,7 @@ import ray
 from distrl.runtime.faultlog import FaultLog
 
 COMING_BACK = ("RESTARTING", "PENDING_CREATION", "DEPENDENCIES_UNREADY")
+HELD_LINES = 200  # raylet lines kept while no run is open
 
 
 @dataclass
@@ -146,22 +148,43 @@ class ActorTable:
             t.ended = ("closed", time.time())
 
 
-def keep_ray_text_off_the_console(faults: FaultLog | None) -> None:
-    """Send raylet's lines about dead workers to `faults` (RUN_DIR/faults.log) instead of stdout; None
-    puts them back. Ray's error listener looks up `print_to_stdstream` at every message, so replacing the
-    module global redirects it; the workers' own output (log_to_driver) keeps its printer."""
+class _RayText:
+    """Where raylet's own lines go: the open run's faults.log, or held (the newest few) until one opens."""
+    faults: FaultLog | None = None
+    held: deque = deque(maxlen=HELD_LINES)
+
+
+def route_ray_text() -> None:
+    """Keep raylet's own lines ("A worker died or was killed ...", "/tmp/ray ... is over 95% full") off the
+    console from the moment Ray starts: they go to the open run's faults.log (see
+    `keep_ray_text_off_the_console`). Call before `ray.init`: its log printer binds the module's
+    `print_to_stdstream` when Ray connects, and the error listener looks it up at every message, so
+    replacing that one global covers both. The workers' own output keeps Ray's printer."""
     import ray._private.worker as ray_worker
 
-    original = getattr(ray_worker.print_to_stdstream, "distrl_original", ray_worker.print_to_stdstream)
-    if faults is None:
-        ray_worker.print_to_stdstream = original
+    if hasattr(ray_worker.print_to_stdstream, "distrl_original"):
         return
+    original = ray_worker.print_to_stdstream
 
-    def to_faults_log(data, ignore_prefix=False, *args, **kwargs):
+    def printer(data, ignore_prefix=False, *args, **kwargs):
         if data.get("pid") != "raylet":
             return original(data, ignore_prefix, *args, **kwargs)
-        faults.ray_text([str(line) for line in data.get("lines", [])])
+        lines = [str(line) for line in data.get("lines", [])]
+        faults = _RayText.faults
+        if faults is None:
+            _RayText.held.extend(lines)
+        else:
+            faults.ray_text(lines)
         return None
 
-    to_faults_log.distrl_original = original
-    ray_worker.print_to_stdstream = to_faults_log
+    printer.distrl_original = original
+    ray_worker.print_to_stdstream = printer
+
+
+def keep_ray_text_off_the_console(faults: FaultLog | None) -> None:
+    """Send raylet's lines to `faults` (RUN_DIR/faults.log), with those Ray printed since it started; None
+    (the run closed): hold them for the next run and drop what was held."""
+    _RayText.faults = faults
+    if faults is not None and _RayText.held:
+        faults.ray_text(list(_RayText.held))
+    _RayText.held.clear()

@@ -15,6 +15,7 @@ from ray.exceptions import ActorUnavailableError, AuthenticationError, GetTimeou
 
 from distrl.config import ConfigError
 from distrl.core import RoleLost
+from distrl.runtime.deaths import route_ray_text
 
 ACTOR_GONE = (RayActorError, ActorUnavailableError)  # dead, or being restarted by Ray
 
@@ -31,6 +32,7 @@ def init_ray(address: str | None, user_modules: list | None = None) -> None:
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    route_ray_text()
     if address:
         shipped = {"runtime_env": {"py_modules": list(user_modules)}} if user_modules else {}
         try:

@@ -24,6 +24,7 @@ from ray.cluster_utils import Cluster
 
 from distrl import train
 from distrl.config import ConfigError
+from distrl.runtime.deaths import route_ray_text
 from distrl.runtime.ray_setup import init_ray
 from tests.runtime.processes import stop_as_ctrl_c
 
@@ -67,6 +68,7 @@ def cluster():
         for name in ("a", "b"):
             c.nodes_by_name[name] = c.add_node(num_cpus=2, resources={f"node_{name}": 4, "worker_slot": 2})
         c.wait_for_nodes()
+        route_ray_text()  # raylet's warnings (a nearly full disk) stay off the stderr these tests read
         ray.init(address=c.address)
         yield c
         ray.shutdown()
