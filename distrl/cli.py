@@ -32,7 +32,7 @@ def _train_parser(sub) -> None:
                    help="override a config key, e.g. --set replay.alpha=0.5 (repeatable)")
     p.add_argument("--run-dir", help="where results go (default runs/<algo>_<env>_<mode>_<time>)")
     p.add_argument("--address", help="join this Ray cluster (e.g. auto); default: embedded local Ray")
-    p.add_argument("--device", help="learner device: auto, cpu, cuda, cuda:N")
+    p.add_argument("--device", help="learner (and central inference server) device: auto, cpu, cuda, cuda:N")
     p.add_argument("--max-seconds", type=float)
     p.add_argument("--seed", type=int)
 

@@ -120,6 +120,11 @@ class Policy(abc.ABC):
         """The recurrent state of `rows` envs at an episode start; None for a feedforward policy."""
         return None
 
+    def place(self, device: str) -> None:
+        """Run `forward` on `device` (a torch device name), inputs and outputs still numpy."""
+        if device != "cpu":
+            raise NotImplementedError(f"{type(self).__name__} runs on the CPU only")
+
     def _inference(self) -> Inference:
         if self.inference is None:
             self.inference = LocalInference(self)

@@ -76,7 +76,13 @@ class NetworkPolicy(Policy):
         self.worker_index, self.num_workers = worker_index, num_workers
         self.rng = np.random.default_rng(seed)  # exploration; saved with the worker's state at checkpoints
         self.net = algo.build_network().requires_grad_(False).eval()
+        self.device = torch.device("cpu")
         self.loaded = False  # set_weights comes before the first act (workers pull first)
+
+    def place(self, device: str) -> None:
+        """Run the network on `device` (an inference server on a GPU); inputs and outputs stay numpy."""
+        self.device = torch.device(device)
+        self.net.to(self.device)
 
     def set_weights(self, weights: Weights, version: int) -> None:
         load_numpy_weights(self.net, weights)
@@ -87,7 +93,10 @@ class NetworkPolicy(Policy):
         if not self.loaded:
             raise RuntimeError(f"{type(self).__name__} has no weights yet: call set_weights first")
         with torch.inference_mode():
-            out = getattr(self.net, method)(*(_to_tensor(x) for x in inputs))
+            if self.device.type == "cpu":
+                out = getattr(self.net, method)(*(_to_tensor(x) for x in inputs))
+            else:
+                out = _to_cpu(getattr(self.net, method)(*(_to_device(_to_tensor(x), self.device) for x in inputs)))
         return _to_numpy(out)
 
 
@@ -97,6 +106,22 @@ def _to_tensor(x):
     if isinstance(x, dict):  # a multi-agent observation: named arrays
         return {k: as_input(v) for k, v in x.items()}
     return as_input(x)
+
+
+def _to_device(x, device: torch.device):
+    if isinstance(x, dict):
+        return {k: v.to(device, non_blocking=True) for k, v in x.items()}
+    return None if x is None else x.to(device, non_blocking=True)
+
+
+def _to_cpu(out):
+    if isinstance(out, torch.Tensor):
+        return out.cpu()
+    if isinstance(out, dict):
+        return {k: _to_cpu(v) for k, v in out.items()}
+    if isinstance(out, (tuple, list)):
+        return type(out)(_to_cpu(v) for v in out)
+    return out
 
 
 def _to_numpy(out):

@@ -39,7 +39,7 @@ class Config:
     mode: str = f("async", "run mode: single | sync | async", choices=MODES)
     workers: int = f(2, "rollout workers (single mode uses one, in-process)", lo=1)
     seed: int = f(0, "base seed; worker i uses seed + i, the evaluator seed + 10_000", lo=0, hi=2**31 - 1)
-    device: str = f("auto", "learner device: auto | cpu | cuda | cuda:N")
+    device: str = f("auto", "learner and central inference server device: auto | cpu | cuda | cuda:N")
     env: EnvConfig = section(EnvConfig, "environment")
     rollout: RolloutConfig = section(RolloutConfig, "rollout workers")
     data: DataConfig = section(DataConfig, "offline training: where the experience comes from instead of workers")

@@ -29,13 +29,14 @@ class InferenceServer(Traced):
     from the parameter server when a worker starts a fragment. An async actor: requests wait for
     their batch on one event loop."""
 
-    def __init__(self, cfg_dict: dict, ps, num_workers: int):
+    def __init__(self, cfg_dict: dict, ps, num_workers: int, device: str = "cpu"):
         from distrl.roles.factory import acting_policy
         from distrl.roles.inference import InferenceBatcher
 
         cfg = from_dict(cfg_dict)
         start_tracing(trace_settings(cfg.log), "inference")
         self.policy = acting_policy(cfg, -1, num_workers)  # its forward only: workers explore themselves
+        self.policy.place(device)
         self.batcher = InferenceBatcher(self.policy, num_workers, cfg.rollout.batch_timeout_ms / 1000.0)
         self.ps = peer(ps)
         self.pulling = None  # the pull in flight: concurrent refreshes share it

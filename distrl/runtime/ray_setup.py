@@ -135,11 +135,15 @@ def role_resources(cfg, clustered: bool, device: str) -> dict[str, dict[str, flo
     """What one actor of each role asks Ray for: its `placement` plus what the role always reserves.
 
     On a cluster each worker and the learner reserve a CPU, so Ray spreads them over nodes; embedded on
-    one machine, reservations would only cap the worker count (the other roles mostly wait: no CPU).
+    one machine, reservations would only cap the worker count (the other roles mostly wait: no CPU). On
+    `device` cuda the learner, and a central inference server, reserve a GPU.
     """
     cpus = 1.0 if clustered else 0.0
-    always = {"workers": {"CPU": cpus}, "gradient_workers": {"CPU": cpus}, "inference": {"CPU": cpus},
-              "learner": {"CPU": cpus, "GPU": 1.0 if device.startswith("cuda") else 0.0}}
+    gpu = device.startswith("cuda")
+    # With central inference the server shares the learner's GPU: half each, so one GPU holds both.
+    gpu_share = (0.5 if role_count(cfg, "inference") else 1.0) if gpu else 0.0
+    always = {"workers": {"CPU": cpus}, "gradient_workers": {"CPU": cpus},
+              "inference": {"CPU": cpus, "GPU": gpu_share}, "learner": {"CPU": cpus, "GPU": gpu_share}}
     return {role: {**always.get(role, {"CPU": 0.0}), **{str(k): float(v) for k, v in getattr(cfg.placement, role).items()}}
             for role in ROLES}
 

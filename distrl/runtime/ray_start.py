@@ -66,7 +66,7 @@ def start_roles(roles, cfg, start_time: float, address: str | None, eval_resume:
     # Its calls are retried on a restarted server, which pulls the weights again before it answers.
     roles.inference = [InferenceServer.options(name=names["inference"], **place["inference"],
                                                max_restarts=f.max_role_restarts, max_task_retries=-1).remote(
-        *restartable(d, names["ps"], cfg.workers)) for _ in range(role_count(cfg, "inference"))]
+        *restartable(d, names["ps"], cfg.workers, device)) for _ in range(role_count(cfg, "inference"))]
     watched = {"learner": roles.learner, "replay": roles.replay, "parameter_server": roles.ps,
                "evaluator": roles.evaluator, **{"inference": s for s in roles.inference},
                **{f"gradient_worker_{i}": g for i, g in enumerate(roles.gradient_workers)}}

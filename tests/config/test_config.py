@@ -216,6 +216,19 @@ def test_resources_no_single_node_holds_together_are_refused_naming_the_role(mon
     check_placement(load_config(None, ["device=cpu", "placement.learner={GPU: 1, node_a: 1}"]), "head:6379")
 
 
+def test_on_cuda_the_learner_and_a_central_inference_server_share_one_gpu(monkeypatch):
+    from distrl.runtime.ray_setup import check_placement, role_resources
+
+    central = load_config(None, ["mode=sync", "rollout.inference=central"])
+    wanted = role_resources(central, True, "cuda")
+    assert wanted["learner"]["GPU"] == wanted["inference"]["GPU"] == 0.5
+    assert wanted["workers"].get("GPU", 0.0) == wanted["evaluator"].get("GPU", 0.0) == 0.0
+    assert role_resources(load_config(None, ["mode=sync"]), True, "cuda")["learner"]["GPU"] == 1.0
+    assert role_resources(central, True, "cpu")["inference"]["GPU"] == 0.0
+    fake_cluster(monkeypatch, {"CPU": 4, "GPU": 1})
+    check_placement(load_config(None, ["mode=sync", "device=cuda", "rollout.inference=central"]), "head:6379")
+
+
 def test_the_placement_of_a_role_the_run_does_not_start_is_not_checked(monkeypatch):
     from distrl.runtime.ray_setup import check_placement
 
