@@ -93,7 +93,8 @@ def _tune_parser(sub) -> None:  # issue 28
 
 
 def cmd_tune(args) -> int:  # issue 28
-    from distrl.api import resume, train, validate
+    from distrl.api import resume, train
+    from distrl.checks import validate
     from distrl.runtime.tune import resume_sweep, run_sweep
     from distrl.runtime.tune_table import format_table
 

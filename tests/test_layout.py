@@ -17,6 +17,7 @@ LAYERS = [
     {"distrl.algos", "distrl.models", "distrl.replay", "distrl.envs", "distrl.checkpoint", "distrl.observe", "distrl.data"},
     {"distrl.roles"},
     {"distrl.runtime"},
+    {"distrl.checks"},
     {"distrl.api"},
     {"distrl.cli", "distrl"},
 ]

@@ -217,7 +217,7 @@ def run_sweep(config, axes: list[str], *, train, resume, validate, overrides: li
               metric: str = "best_eval_return", max_concurrent: int | None = None, address: str | None = None,
               grace_period: float | None = None) -> dict:
     """Run a sweep to its end: {"dir": the sweep dir, "trials": the table of its trials, best first}. `config` is a YAML path or a dict;
-    `axes` are `--grid` texts; `train`, `resume`, `validate` are distrl.api's. ConfigError (nothing
+    `axes` are `--grid` texts; `train`, `resume`, `validate` are distrl.api's and distrl.checks'. ConfigError (nothing
     written) on bad input."""
     from distrl.config import load_config
 

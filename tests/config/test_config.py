@@ -41,7 +41,7 @@ def a_dataset_for(env_id: str, path: str) -> str:
 
 @pytest.mark.parametrize("path", CONFIGS, ids=os.path.basename)
 def test_every_shipped_config_loads_and_validates(path, tmp_path):
-    from distrl.api import validate
+    from distrl.checks import validate
     from distrl.registry import algorithm
 
     cfg = load_config(path)
@@ -168,14 +168,14 @@ def test_placement_section_takes_resources_per_role_and_defaults_to_ray_scheduli
 
 @pytest.mark.parametrize("amount", ["-1", "0", "1.5", "abc", "true", ".nan"])
 def test_placement_amounts_ray_would_refuse_name_the_key(amount):
-    from distrl.api import validate
+    from distrl.checks import validate
 
     with pytest.raises(ConfigError, match="config key 'placement.replay.slot'"):
         validate(load_config(None, ["mode=sync", f"placement.replay={{slot: {amount}}}"]))
 
 
 def test_single_mode_ignores_placement():
-    from distrl.api import validate
+    from distrl.checks import validate
 
     validate(load_config(None, ["mode=single", "placement.learner={nowhere: 1}", "placement.workers={x: -1}"]))
 
@@ -249,7 +249,7 @@ def test_a_placement_the_cluster_can_host_passes(monkeypatch):
 
 
 def test_an_error_buffer_that_can_stall_the_run_is_refused_with_the_smallest_that_works():
-    from distrl.api import validate
+    from distrl.checks import validate
 
     base = ["mode=single", "replay.samples_per_insert=2", "learner.batch_size=64"]  # smallest: (2 + 64) / 2
     with pytest.raises(ConfigError, match=r"^config key 'replay.error_buffer': 32.5 is too small: .* the smallest "

@@ -111,7 +111,7 @@ def fake_ray(monkeypatch):
 @given(mode=st.sampled_from(["sync", "async"]), address=st.sampled_from(sorted(NODES, key=str)),
        items=st.lists(st.sampled_from(RAY_KEYS).flatmap(ray_item), min_size=1, max_size=2))
 def test_ray_only_values_validate_or_are_one_config_error(fake_ray, mode, address, items):
-    from distrl.api import validate
+    from distrl.checks import validate
     from distrl.config import ConfigError, load_config
 
     overrides = [f"mode={mode}", "device=cpu", *(f"{key}={yaml_text(value)}" for key, value in items)]

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from distrl.api import validate
+from distrl.checks import validate
 from distrl.cli import main
 from distrl.config import ConfigError, load_config
 

@@ -16,7 +16,7 @@ HERE = "tests.models.user_torsos"
 
 
 def torso_of(name: str, space=SPACE, **kwargs):
-    """make_torso then check_torso, as a run's config check does (`distrl.api`)."""
+    """make_torso then check_torso, as a run's config check does (`distrl.checks`)."""
     model = ModelConfig(torso=name, kwargs=kwargs)
     torso = make_torso(space, model)
     check_torso(torso, space, name)

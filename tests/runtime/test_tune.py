@@ -13,7 +13,8 @@ import time
 import pytest
 import yaml
 
-from distrl.api import resume, train, validate
+from distrl.api import resume, train
+from distrl.checks import validate
 from distrl.cli import main
 from distrl.runtime.tune import parse_axis, resume_sweep, run_sweep, split_values
 

@@ -1,9 +1,9 @@
-"""distrl.api's checks before a run: the replay memory check by the bytes the replay really stores per item."""
+"""distrl.checks, before a run: the replay memory check by the bytes the replay really stores per item."""
 import numpy as np
 import pytest
 from gymnasium import spaces
 
-from distrl.api import _check_replay
+from distrl.checks import _check_replay
 from distrl.config import ConfigError, load_config
 from distrl.core import EnvSpec
 
