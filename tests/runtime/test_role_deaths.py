@@ -172,16 +172,17 @@ def test_a_clean_start_prints_no_ray_warning(tmp_path):
     """A command of its own (Ray warns once per process): every constructor argument travels with its actor
     (none in the object store: Ray issue 53727 warns for those, and a restart could lose them), and Ray's
     notice about token authentication stays off the console. Every role starts, gradient workers and a
-    central inference server included. Raylet's own warnings go to faults.log: here its disk monitor's
-    "is over 1% full", every 10 s from Ray's start (on a nearly full disk it says 95%)."""
+    central inference server included. Raylet's own warnings go to faults.log, those printed before the run
+    dir exists too: here its disk monitor's "is over 1% full", as soon as Ray starts (on a nearly full disk
+    it says 95%)."""
     run_dir = tmp_path / "run"
     out = subprocess.run([sys.executable, "-m", "distrl.cli", "train", CARTPOLE, "--mode", "async", "--workers", "1",
                           "--run-dir", str(run_dir), "--set", "learner.num_gradient_workers=2",
-                          "--set", "rollout.inference=central", "--set", "stop.max_seconds=15",
-                          "--set", "eval.target_return=1000", "--set", "log.progress=false",
-                          "--set", "log.tensorboard=false"],
+                          "--set", "rollout.inference=central", "--set", "stop.max_env_steps=1500",
+                          "--set", "log.progress=false", "--set", "log.tensorboard=false"],
                          capture_output=True, text=True, cwd=ROOT, timeout=300,
-                         env={**os.environ, "RAY_local_fs_capacity_threshold": "0.01"})
+                         env={**os.environ, "RAY_local_fs_capacity_threshold": "0.01",
+                              "RAY_local_fs_monitor_interval_ms": "100"})
     assert out.returncode == 0, out.stderr
     assert out.stderr == "", out.stderr
     assert len(out.stdout.splitlines()) == 2, out.stdout  # the result and where it is
