@@ -48,6 +48,9 @@ def validate(cfg: Config, address: str | None = None, resuming: bool = False) ->
         raise ConfigError(f"config key 'algo': {problem} ({cfg.env.id})")
     _check_torsos(cfg, spec)
     _check_datasets(cfg, algo, spec, resuming)
+    if cfg.eval.epsilon > 0.0 and algo.multi_agent:
+        raise ConfigError(f"config key 'eval.epsilon': random evaluation actions are for single-agent envs; "
+                          f"{cfg.algo} plays multi-agent ones (use 0)")
     if cfg.mode not in algo.modes:
         raise ConfigError(f"config key 'mode': {cfg.algo} does not support mode {cfg.mode!r} "
                           f"(supported: {', '.join(algo.modes)})")

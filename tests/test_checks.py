@@ -39,3 +39,14 @@ def test_sequence_replay_counts_a_chunks_first_stack_once_per_chunk():
     _check_replay(cfg, framed, on_this_machine=True, memory=10 * GIB)  # 7056 * 11 / 8 + fields: 9.1 GiB
     with pytest.raises(ConfigError, match=r"\(97\d\d bytes each"):
         _check_replay(cfg, framed, on_this_machine=True, memory=9 * GIB)
+
+
+def test_eval_epsilon_is_refused_for_a_multi_agent_algorithm():
+    import os
+
+    from distrl.checks import validate
+    from distrl.config import ConfigError, load_config
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with pytest.raises(ConfigError, match=r"^config key 'eval.epsilon': .*single-agent.*dhc"):
+        validate(load_config(os.path.join(root, "configs", "dhc_mapf_8x8.yaml"), ["eval.epsilon=0.05"]))

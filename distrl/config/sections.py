@@ -86,6 +86,9 @@ class EvalConfig:
     target_return: float | None = f(None, "mean greedy return that ends the run as solved (null = never)")
     target_success: float | None = f(None, "multi-agent: success rate (all agents on goal) that ends the run as solved (null = never)", lo=0.0, hi=1.0)
     episodes: int = f(20, "greedy episodes per evaluation", lo=1, hi=10_000)
+    epsilon: float = f(0.0, "probability of a uniform random action instead of the greedy one at each evaluation "
+                            "step (Atari's protocols use 0.05 or 0.001: a greedy agent that never serves stalls a "
+                            "game until its time limit); single-agent envs", lo=0.0, hi=1.0)
     interval_s: float = f(1.0, "seconds between evaluations", lo=0.0, hi=WEEK_S)
     interval_steps: int | None = f(None, "evaluate every this many env steps instead, waiting for the result (deterministic runs)", lo=1)
     video_every_s: float | None = f(None, "record one greedy episode of an evaluation at most this often (0 = every evaluation), to "

@@ -6,6 +6,7 @@ import os
 import time
 
 import numpy as np
+from gymnasium import spaces
 
 from distrl.checkpoint import CheckpointError, load_weights, save_json, save_weights
 from distrl.core import Policy, Weights
@@ -16,14 +17,32 @@ from distrl.roles.factory import acting_policy, make_vector_env
 EVAL_SEED_OFFSET = 10_000
 
 
+def random_actions(space, rows: int, rng: np.random.Generator) -> np.ndarray:
+    if isinstance(space, spaces.Discrete):
+        return rng.integers(0, int(space.n), rows)
+    low, high = np.broadcast_to(space.low, space.shape), np.broadcast_to(space.high, space.shape)
+    return rng.uniform(low, high, (rows, *space.shape)).astype(space.dtype)
+
+
+def with_random_actions(actions: np.ndarray, epsilon: float, space, rng: np.random.Generator) -> np.ndarray:
+    """`actions` with each row replaced by a uniform random action of `space` with probability `epsilon`."""
+    if epsilon <= 0.0:
+        return actions
+    rows = len(actions)
+    swap = rng.random(rows) < epsilon
+    return np.where(swap.reshape(-1, *[1] * (np.ndim(actions) - 1)), random_actions(space, rows, rng), actions)
+
+
 def play_greedy(policy: Policy, env_id: str, episodes: int, seed: int, env_kwargs: dict | None = None,
                 max_steps: int = 1_000_000, multi_agent: bool = False, *, wrappers: list | None = None,
-                preset: str = "none") -> tuple[np.ndarray, list[dict]]:
+                preset: str = "none", epsilon: float = 0.0) -> tuple[np.ndarray, list[dict]]:
     """Returns of `episodes` greedy episodes, one env each, with batched inference, and each episode's
     metrics (multi-agent envs report them: success, makespan, ...; gymnasium ones none). The envs are
-    evaluation envs: without the train-only wrappers (whole games, the game's own rewards)."""
+    evaluation envs: without the train-only wrappers (whole games, the game's own rewards). `epsilon`: the
+    probability of a uniform random action instead of the greedy one (single-agent envs)."""
     envs = make_vector_env(env_id, episodes, seed, env_kwargs, multi_agent, wrappers=wrappers, preset=preset,
                            training=False)
+    rng = np.random.default_rng(seed)
     policy.episodes_ended(np.ones(episodes, bool))  # each greedy episode starts from a fresh state
     returns = np.full(episodes, np.nan)
     infos: list[dict] = [{} for _ in range(episodes)]
@@ -31,6 +50,7 @@ def play_greedy(policy: Policy, env_id: str, episodes: int, seed: int, env_kwarg
     try:
         for _ in range(max_steps):
             actions, _ = policy.act(envs.obs, explore=False)
+            actions = with_random_actions(actions, epsilon, envs.action_space, rng)
             # Finished envs keep stepping (auto-reset) but only the first episode counts;
             # an episode cut short by an env exception doesn't count and is played again.
             _, rewards, term, trunc, _ = envs.step(actions)
@@ -115,7 +135,8 @@ class Evaluation:
         self.policy.set_weights(weights, version)
         seed = self.seed + EVAL_SEED_OFFSET + self.evaluations * self.eval_cfg.episodes
         rets, infos = play_greedy(self.policy, self.env.id, self.eval_cfg.episodes, seed, self.env.kwargs,
-                                  multi_agent=self.multi_agent, wrappers=self.env.wrappers, preset=self.env.preset)
+                                  multi_agent=self.multi_agent, wrappers=self.env.wrappers, preset=self.env.preset,
+                                  epsilon=self.eval_cfg.epsilon)
         self.evaluations += 1
         now = time.time()
         mean = float(np.mean(rets))

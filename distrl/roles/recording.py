@@ -2,19 +2,12 @@
 from __future__ import annotations
 
 import numpy as np
-from gymnasium import spaces
 
 from distrl.core import Policy
 from distrl.data.datasets import Episode
 from distrl.data.recorder import EpisodeRecorder
+from distrl.roles.evaluation import with_random_actions
 from distrl.roles.factory import make_vector_env
-
-
-def random_actions(space, rows: int, rng: np.random.Generator) -> np.ndarray:
-    if isinstance(space, spaces.Discrete):
-        return rng.integers(0, int(space.n), rows)
-    low, high = np.broadcast_to(space.low, space.shape), np.broadcast_to(space.high, space.shape)
-    return rng.uniform(low, high, (rows, *space.shape)).astype(space.dtype)
 
 
 def quotas(episodes: int, envs: int) -> np.ndarray:
@@ -37,10 +30,7 @@ def play_episodes(policy: Policy, env_cfg, episodes: int, seed: int, epsilon: fl
     try:
         while (got < want).any():
             actions, _ = policy.act(envs.obs, explore=explore)
-            if epsilon > 0.0:
-                swap = rng.random(n) < epsilon
-                actions = np.where(swap.reshape(-1, *[1] * (np.ndim(actions) - 1)),
-                                   random_actions(envs.action_space, n, rng), actions)
+            actions = with_random_actions(actions, epsilon, envs.action_space, rng)
             nxt, rewards, term, trunc, _ = envs.step(actions)
             policy.episodes_ended(term | trunc)
             ended = np.flatnonzero(term | trunc)

@@ -66,3 +66,27 @@ def test_workers_envs_get_the_train_only_wrappers_and_the_evaluators_envs_do_not
     assert rollout.envs.step(np.zeros(2, np.int64))[1].tolist() == [0.0, 0.0]
     weights = make_algorithm(cfg).make_learner("cpu").get_weights()
     assert make_evaluation(cfg, start_time=0.0).evaluate(weights, 0)["return_mean"] >= 8  # CartPole: 1 a step
+
+
+def test_eval_epsilon_replaces_a_share_of_the_greedy_actions_with_uniform_random_ones():
+    from gymnasium import spaces
+
+    from distrl.roles.evaluation import with_random_actions
+
+    greedy = np.zeros(4000, np.int64)
+    assert with_random_actions(greedy, 0.0, spaces.Discrete(4), np.random.default_rng(0)) is greedy
+    mixed = with_random_actions(greedy, 0.25, spaces.Discrete(4), np.random.default_rng(0))
+    assert set(np.unique(mixed)) == {0, 1, 2, 3}
+    assert 0.16 < (mixed != 0).mean() < 0.22  # 1/4 swapped, 3/4 of those to another action
+
+
+def test_an_evaluation_with_eval_epsilon_one_plays_uniform_random_actions():
+    """Zero weights: every Q-value ties, so greedy CartPole pushes one way and falls in ~10 steps; uniform
+    random actions keep it up about twice as long."""
+    from distrl.roles.factory import make_algorithm
+
+    path = os.path.join(ROOT, "configs", "apex_dqn_cartpole.yaml")
+    weights = {k: np.zeros_like(v) for k, v in make_algorithm(load_config(path)).make_learner("cpu").get_weights().items()}
+    means = [make_evaluation(load_config(path, [f"eval.epsilon={eps}"]), start_time=0.0).evaluate(weights, 0)["return_mean"]
+             for eps in (0.0, 1.0)]
+    assert means[0] < 12 < 16 < means[1], means
