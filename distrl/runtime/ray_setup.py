@@ -29,10 +29,10 @@ def init_ray(address: str | None, user_modules: list | None = None) -> None:
     to set."""
     if address:
         _check_reachable(address)
+    route_ray_text()  # even into a Ray started by the caller: its error listener looks the printer up per message
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    route_ray_text()
     if address:
         shipped = {"runtime_env": {"py_modules": list(user_modules)}} if user_modules else {}
         try:
