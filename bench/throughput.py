@@ -5,8 +5,9 @@
 
 Overhead ratio = env steps/s of a sampling-only run (learning off) / env steps/s
 of a bare loop: the same number of processes each stepping `num_envs` envs with
-random actions, no network, on the same cores (gymnasium envs directly; a
-multi-agent env through distrl's vector of them, all agents acting). The training
+random actions, no network, on the same cores (each env built as a worker's, with
+the config's preset and wrappers, stepped one by one; a multi-agent env through
+distrl's vector of them, all agents acting). The training
 runs then show where the time goes with the learner on. For multi-agent configs
 agent-steps/s = env steps/s x agents.
 """
@@ -39,13 +40,14 @@ def _bare_multiagent(env_id: str, kwargs: dict, num_envs: int, seconds: float, s
     return steps / (time.perf_counter() - t0)
 
 
-def _bare_worker(env_id: str, kwargs: dict, multi_agent: bool, num_envs: int, seconds: float, seed: int, out) -> None:
+def _bare_worker(env_id: str, kwargs: dict, wrappers: list | None, preset: str, multi_agent: bool, num_envs: int,
+                 seconds: float, seed: int, out) -> None:
     if multi_agent:
         out.put(_bare_multiagent(env_id, kwargs, num_envs, seconds, seed))
         return
-    import gymnasium as gym
+    from distrl.envs import make_env
 
-    envs = [gym.make(env_id, **kwargs) for _ in range(num_envs)]
+    envs = [make_env(env_id, kwargs, wrappers=wrappers, preset=preset) for _ in range(num_envs)]
     for i, e in enumerate(envs):
         e.reset(seed=seed + i)
     rng = np.random.default_rng(seed)
@@ -67,7 +69,8 @@ def bare_loop(processes: int, cfg, seconds: float) -> float:
 
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    args = (cfg.env.id, cfg.env.kwargs, algorithm(cfg.algo).multi_agent, cfg.env.num_envs, seconds)
+    args = (cfg.env.id, cfg.env.kwargs, cfg.env.wrappers, cfg.env.preset, algorithm(cfg.algo).multi_agent,
+            cfg.env.num_envs, seconds)
     procs = [ctx.Process(target=_bare_worker, args=(*args, 100 * i, q)) for i in range(processes)]
     for p in procs:
         p.start()
@@ -79,8 +82,9 @@ def bare_loop(processes: int, cfg, seconds: float) -> float:
 
 def _never_learn(config: str) -> list[str]:
     """Overrides that keep the learner from starting: a replay that never reaches its minimum size.
-    Sequence replay preallocates its chunk store, so it keeps its capacity (runs are far shorter).
-    An on-policy algorithm has no replay (its config refuses a replay section): it always learns."""
+    Sequence replay preallocates its chunk store, so it keeps its capacity (runs are far shorter), as does a
+    replay of 200k items or more (Atari frames: 2M would be ~15 GB). An on-policy algorithm has no replay
+    (its config refuses a replay section): it always learns."""
     from distrl.config import load_config
     from distrl.registry import algorithm
 
@@ -89,7 +93,7 @@ def _never_learn(config: str) -> list[str]:
     if path not in ("replay", "sequence"):
         raise SystemExit(f"{config}: sampling-only runs need a replay algorithm ({cfg.algo} learns from "
                          f"{path} data); measure it with learning on")
-    capacity = cfg.replay.capacity if path == "sequence" else 2_000_000
+    capacity = cfg.replay.capacity if path == "sequence" or cfg.replay.capacity >= 200_000 else 2_000_000
     return [f"replay.capacity={capacity}", f"replay.min_size={capacity}", "eval.interval_s=1000"]
 
 
