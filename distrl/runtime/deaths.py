@@ -8,8 +8,8 @@ The table is read through `ray._private.state` (a private API, checked by tests 
 Ray). Where it cannot be read (a Ray Client connection), the driver still runs; restarts are then
 counted when a role answers from a new process.
 
-Also here: ending a hung process so that Ray restarts it, and keeping Ray's own text about a death
-(raylet's "A worker died or was killed ...") off the console, in RUN_DIR/faults.log.
+Also here: ending a hung process so that Ray restarts it, and keeping raylet's own lines (its "A worker
+died or was killed ...", its disk monitor's warnings) off the console, in RUN_DIR/faults.log.
 """
 from __future__ import annotations
 
