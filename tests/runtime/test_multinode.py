@@ -420,7 +420,7 @@ SOLVED = 475.0  # CartPole's greedy return the default config calls solved
 
 class NodeEvents(threading.Thread):
     """Node b goes once the run samples; node c joins once its workers are lost; the run is interrupted
-    (SIGINT, a clean stop) once a worker came back (three alive), the run sampled on for a few more rows and its greedy
+    (SIGINT, a clean stop) once a worker came back (three alive), the run sampled on for 6 more seconds and its greedy
     return reached SOLVED (the run does not stop itself when solved: the node events come first).
 
     What goes wrong is kept in `error` for the test to raise; `abandon()` (the run is over) stops the
@@ -465,9 +465,11 @@ class NodeEvents(threading.Thread):
         self.node_c = self._change(lambda: join_node(self.cluster.address, {"node_c": 1, "worker_slot": 1}))
         # Node b's two workers are counted as restarts the moment Ray sees them die; one is back once three
         # workers are alive again.
-        back = len(wait_for(run_dir, lambda rows: alive_workers() >= 3, deadline, self.abandoned))
-        wait_for(run_dir, lambda rows: len(rows) >= back + 3 and rows[-1]["best_eval_return"] >= SOLVED, deadline,
-                 self.abandoned)
+        back = wait_for(run_dir, lambda rows: alive_workers() >= 3, deadline, self.abandoned)[-1]["wall_s"]
+        # Alive is not yet sampling: the driver gives a worker that came back its first fragment to sample
+        # at its next gathers; 6 s of rows covers that on a loaded machine (1.5 s did not, once).
+        wait_for(run_dir, lambda rows: rows[-1]["wall_s"] >= back + 6 and rows[-1]["best_eval_return"] >= SOLVED,
+                 deadline, self.abandoned)
         stop_as_ctrl_c()
 
 

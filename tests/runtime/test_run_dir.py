@@ -127,14 +127,14 @@ def test_the_run_dir_is_absolute_wherever_it_was_given_from(tmp_path, monkeypatc
 
 
 def test_the_worker_limit_counts_the_cpus_this_process_may_use(monkeypatch):
-    from distrl import api
+    from distrl import checks
 
     if not hasattr(os, "sched_getaffinity"):
         pytest.skip("no CPU affinity on this platform")
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
-    assert api.usable_cpus() == 1
-    assert api.host_worker_limit() <= api.WORKERS_PER_CORE
+    assert checks.usable_cpus() == 1
+    assert checks.host_worker_limit() <= checks.WORKERS_PER_CORE
 
 
 def test_default_run_dirs_of_runs_started_together_differ():
