@@ -92,43 +92,26 @@ class NetworkPolicy(Policy):
         """`self.net.<method>(*inputs)` on numpy inputs (None passes through), as numpy arrays."""
         if not self.loaded:
             raise RuntimeError(f"{type(self).__name__} has no weights yet: call set_weights first")
+        device = None if self.device.type == "cpu" else self.device  # CPU: no .to() per input on the hot path
         with torch.inference_mode():
-            if self.device.type == "cpu":
-                out = getattr(self.net, method)(*(_to_tensor(x) for x in inputs))
-            else:
-                out = _to_cpu(getattr(self.net, method)(*(_to_device(_to_tensor(x), self.device) for x in inputs)))
+            out = getattr(self.net, method)(*(_to_tensor(x, device) for x in inputs))
         return _to_numpy(out)
 
 
-def _to_tensor(x):
+def _to_tensor(x, device: torch.device | None = None):
     if x is None:
         return None
     if isinstance(x, dict):  # a multi-agent observation: named arrays
-        return {k: as_input(v) for k, v in x.items()}
-    return as_input(x)
-
-
-def _to_device(x, device: torch.device):
-    if isinstance(x, dict):
-        return {k: v.to(device, non_blocking=True) for k, v in x.items()}
-    return None if x is None else x.to(device, non_blocking=True)
-
-
-def _to_cpu(out):
-    if isinstance(out, torch.Tensor):
-        return out.cpu()
-    if isinstance(out, dict):
-        return {k: _to_cpu(v) for k, v in out.items()}
-    if isinstance(out, (tuple, list)):
-        return type(out)(_to_cpu(v) for v in out)
-    return out
+        return {k: _to_tensor(v, device) for k, v in x.items()}
+    t = as_input(x)
+    return t if device is None else t.to(device, non_blocking=True)
 
 
 def _to_numpy(out):
     if isinstance(out, torch.Tensor):
         # detach: a view of a parameter that requires grad (A3C's workers train their net; the Gaussian's
         # expanded log-std) still requires grad under inference_mode.
-        return out.detach().numpy()
+        return out.detach().cpu().numpy()
     if isinstance(out, dict):
         return {k: _to_numpy(v) for k, v in out.items()}
     if isinstance(out, (tuple, list)):
