@@ -84,19 +84,23 @@ def node_ids(c) -> dict[str, str]:
     return {name: node.node_id[:8] for name, node in c.nodes_by_name.items()}
 
 
-def traced(run_dir: str) -> dict[str, tuple[str, set]]:
-    """Process name ('learner', 'worker 0', ...) -> (the node its trace says it ran on, what it did)."""
+def traced(run_dir: str) -> list[tuple[str, str, set]]:
+    """(process name ('learner', 'worker 0', ...), the node its trace says it ran on, what it did), one per process:
+    a restarted worker is a second process under its predecessor's name."""
     with open(os.path.join(run_dir, "trace.json")) as fh:
         events = json.load(fh)["traceEvents"]
     names = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "process_name"}
     labels = {e["pid"]: e["args"]["labels"] for e in events if e.get("ph") == "M" and e["name"] == "process_labels"}
     did = {pid: {e["name"] for e in events if e["pid"] == pid and e.get("ph") == "X"} for pid in names}
-    return {names[pid]: (labels[pid].split(",")[0].removeprefix("node "), did[pid]) for pid in names}
+    return [(names[pid], labels[pid].split(",")[0].removeprefix("node "), did[pid]) for pid in names]
 
 
 def placed(run_dir: str) -> dict[str, str]:
-    """Process name -> the node it ran on."""
-    return {name: node for name, (node, _) in traced(run_dir).items()}
+    """Process name -> the node it ran on (a run without restarts: one process per name)."""
+    processes = traced(run_dir)
+    where = {name: node for name, node, _ in processes}
+    assert len(where) == len(processes), processes
+    return where
 
 
 def assert_run_dir(run_dir: str, summary: dict) -> None:
@@ -185,11 +189,11 @@ def test_async_run_spreads_its_workers_over_the_nodes(cluster, tmp_path):
         "placement.parameter_server={head_node: 1}", "rollout.inference=central", "placement.inference={node_a: 1}"])
     assert summary["stop_reason"] == "max_env_steps"
     assert_run_dir(run_dir, summary)
-    ids, processes = node_ids(cluster), traced(run_dir)
-    where = {name: node for name, (node, _) in processes.items()}
+    ids, where = node_ids(cluster), placed(run_dir)
+    processes = {name: did for name, _, did in traced(run_dir)}
     assert (where["learner"], where["replay"], where["evaluator"], where["parameter server"], where["inference"]) == (
         ids["b"], ids["head"], ids["a"], ids["head"], ids["a"])
-    assert "infer_batch" in processes["inference"][1]  # the workers' steps ran there
+    assert "infer_batch" in processes["inference"]  # the workers' steps ran there
     # Three workers, three nodes with a free CPU each (the learner holds one of node b's two, the inference
     # server one of node a's): one per node.
     assert sorted(where[f"worker {i}"] for i in range(3)) == sorted(ids.values())
@@ -506,12 +510,13 @@ def test_a_lost_node_costs_its_workers_and_a_node_joining_later_takes_them_back(
     assert_run_dir(run_dir, summary)
     # The one that came back kept its placement (a free worker slot: node c's, not the head's CPUs) and
     # sampled there. Node b's workers keep only what a checkpoint pulled from them before the loss.
-    ids, processes = node_ids(cluster), traced(run_dir)
-    workers = {name: proc for name, proc in processes.items() if name.startswith("worker")}
-    nodes = [node for node, _ in workers.values()]
-    survivors = sorted(node for node in nodes if node in (ids["a"], node_c))
+    ids = node_ids(cluster)
+    workers = [(name, node, did) for name, node, did in traced(run_dir) if name.startswith("worker")]
+    survivors = sorted(node for _, node, _ in workers if node in (ids["a"], node_c))
     assert node_c is not None and survivors == sorted([ids["a"], ids["a"], node_c]), (workers, ids, node_c)
-    assert len(nodes) - len(survivors) <= 2 and ids["head"] not in nodes  # the rest: node b's, pulled before the loss
+    # The rest: node b's two (the lost one and the one that came back on node c), as pulled before the loss
+    # (node b is gone from the cluster's names).
+    rest = [node for _, node, _ in workers if node not in survivors]
+    assert len(rest) <= 2 and len(set(rest)) <= 1 and ids["head"] not in rest and node_c not in rest, workers
     # Every worker still up sampled; a lane of node b's may hold no sample (pulled before its first one ended).
-    assert all("sample" in did for node, did in workers.values() if node in (ids["a"], node_c)), workers
-
+    assert all("sample" in did for _, node, did in workers if node in (ids["a"], node_c)), workers
