@@ -23,6 +23,7 @@ from distrl.config.sections import ModelConfig
 from distrl.core import Batch, Learner, Trajectory
 from distrl.models import make_torso
 from distrl.replay.frames import FrameEncoder, frame_transitions
+from distrl.replay.nstep import nstep_transitions
 
 
 @dataclass
@@ -113,17 +114,35 @@ class DQNPolicy(NetworkPolicy):
             items, rows, boot = frame_transitions(
                 self._frames, stored_obs(traj.obs), traj.actions, traj.rewards, traj.terminated, traj.truncated,
                 stored_obs(traj.next_obs), self.cfg.gamma, self.cfg.n_step)
-            next_obs = stored_obs(traj.next_obs).reshape(T * E, *traj.next_obs.shape[2:])
-            q_next = self.evaluate(next_obs)[0]["q"].max(axis=1)[boot]
         else:
             items, rows = nstep_items(traj, self.cfg.gamma, self.cfg.n_step), np.arange(T * E)
-            q_next = self.evaluate(items["next_obs"])[0]["q"].max(axis=1)
+            steps = rows.reshape(T, E)  # the n-step windows of step indices: each item's bootstrap step
+            boot = nstep_transitions(steps, traj.actions, traj.rewards, traj.terminated, traj.truncated, steps,
+                                     self.cfg.gamma, self.cfg.n_step)["next_obs"]
+        q_next = self._max_q_next(traj, boot)
         # Initial priority (Ape-X): |TD error| under this worker's own Q-values.
         q_taken = np.take_along_axis(traj.extras["q"].reshape(T * E, -1)[rows],
                                      items["actions"].reshape(-1, 1).astype(np.int64), axis=1)[:, 0]
         td = items["rewards"] + items["discounts"] * q_next - q_taken
         # A reward near float32's limit can overflow the n-step sum: such an item is still stored, at top priority.
         return items, np.nan_to_num(np.abs(td), nan=np.finfo(np.float32).max, posinf=np.finfo(np.float32).max)
+
+
+    def _max_q_next(self, traj: Trajectory, boot: np.ndarray) -> np.ndarray:
+        """max_a Q(next_obs) at the flat (T, E) steps `boot`. Where step t ended no episode, its next
+        observation is step t+1's observation, whose Q-values acting already computed: the network runs
+        only on the others (the fragment's last step, episode ends), not on every step a second time."""
+        T, E = traj.rewards.shape
+        ended = np.asarray(traj.terminated, bool) | np.asarray(traj.truncated, bool)
+        q_max = np.empty(T * E, np.float32)
+        q_max[:(T - 1) * E] = traj.extras["q"][1:].max(axis=-1).ravel()
+        acted = np.zeros((T, E), bool)
+        acted[:-1] = ~ended[:-1]
+        need = np.unique(boot[~acted.ravel()[boot]])
+        if need.size:
+            next_obs = stored_obs(traj.next_obs).reshape(T * E, *traj.next_obs.shape[2:])[need]
+            q_max[need] = self.evaluate(next_obs)[0]["q"].max(axis=1)
+        return q_max[boot]
 
 
 class ApexDQN(NetworkAlgorithm):

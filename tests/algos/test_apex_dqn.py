@@ -108,11 +108,17 @@ def test_worker_priorities_are_abs_td_under_own_q(algo):
     rng = np.random.default_rng(1)
     obs = rng.normal(size=(T, E, 4)).astype(np.float32)
     next_obs = rng.normal(size=(T, E, 4)).astype(np.float32)
+    terminated = np.array([[False, True], [False, False], [False, False]])
+    next_obs[:-1][~terminated[:-1]] = obs[1:][~terminated[:-1]]  # as a rollout records them: no episode ended
     actions, extras = policy.act(obs.reshape(T * E, 4), explore=False)
     traj = Trajectory(obs, actions.reshape(T, E), rng.normal(size=(T, E)).astype(np.float32),
-                      np.array([[False, True], [False, False], [False, False]]), np.zeros((T, E), bool),
-                      next_obs, {"q": extras["q"].reshape(T, E, 2)})
+                      terminated, np.zeros((T, E), bool), next_obs, {"q": extras["q"].reshape(T, E, 2)})
+    evaluated = []
+    evaluate = policy.evaluate
+    policy.evaluate = lambda rows: evaluated.append(len(rows)) or evaluate(rows)
     items, prios = policy.postprocess(traj)
+    # The network ran again only where acting had not: env 1's terminal step and the last step of each env.
+    assert evaluated == [1 + E]
     with torch.no_grad():
         q_next = q_net(torch.as_tensor(next_obs.reshape(T * E, 4))).numpy().max(1)
     q_taken = extras["q"][np.arange(T * E), actions]
