@@ -17,10 +17,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 
-from bench.common import ROOT, hardware, write_json
+from bench.common import ROOT, hardware, json_result, write_json
 from bench.throughput import run
 
 CONFIG = os.path.join(ROOT, "bench", "configs", "ppo_atari_breakout.yaml")
@@ -32,10 +31,7 @@ def sample_factory(seconds: float, extra: list[str]) -> dict:
     if not os.path.exists(PEER_PYTHON):
         raise SystemExit(f"{PEER_PYTHON} is missing: run `bash bench/peers/setup_sample_factory.sh` first")
     cmd = [PEER_PYTHON, PEER_SCRIPT, "--train_for_seconds", str(int(seconds)), "--env", "atari_breakout_v5", *extra]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-    if proc.returncode != 0:
-        raise SystemExit(f"Sample Factory failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-2000:]}")
-    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    r = json_result(cmd, "Sample Factory")
     return {"side": "sample-factory", "mode": "async" if r["async_rl"] else "sync",
             "agent_steps_per_s": r["agent_steps_per_s_steady"], "agent_steps_per_s_with_start_up": r["agent_steps_per_s"],
             "raw": r}

@@ -52,3 +52,16 @@ def write_json(path: str, obj) -> None:
     with open(path, "w") as fh:
         json.dump(obj, fh, indent=2)
     print(f"wrote {path}")
+
+
+def checked_run(cmd: list[str], what: str) -> str:
+    """`cmd`'s stdout (run from the repository's root); a failure ends the benchmark with its stderr's tail."""
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    if proc.returncode != 0:
+        raise SystemExit(f"{what} failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-2000:]}")
+    return proc.stdout
+
+
+def json_result(cmd: list[str], what: str) -> dict:
+    """The JSON line a child benchmark prints last."""
+    return json.loads(checked_run(cmd, what).strip().splitlines()[-1])

@@ -19,11 +19,10 @@ import csv
 import math
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 
-from bench.common import ROOT, hardware, write_json
+from bench.common import ROOT, checked_run, hardware, write_json
 from distrl.config import load_config
 
 CONFIGS = [os.path.join(ROOT, "configs", "dhc_mapf_10x10.yaml")]
@@ -46,9 +45,7 @@ def run_once(config: str, seed: int, comm: bool, max_seconds: float, keep: str |
     cmd = [sys.executable, "-m", "distrl.cli", "train", config, "--seed", str(seed), "--max-seconds",
            str(max_seconds), "--run-dir", run_dir, "--set", "log.progress=false", "--set", f"dhc.comm={str(comm).lower()}",
            *sum((["--set", e] for e in extra), [])]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"run failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-2000:]}")
+    checked_run(cmd, "run")
     target = load_config(config, extra).eval.target_success
     curve = success_curve(run_dir)
     reached = next(((t, s) for t, s, v in curve if v >= target), (None, None))

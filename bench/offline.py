@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 
-from bench.common import ROOT, hardware, write_json
+from bench.common import ROOT, hardware, json_result, write_json
 
 PEER_PYTHON = os.path.join(ROOT, "bench", "peers", ".venv-d3rlpy", "bin", "python")
 CASES = [  # (name, our config, dataset kind, d3rlpy algo, env, target)
@@ -60,11 +60,8 @@ def ours(config: str, dataset: str, seed: int, budget_s: float, root: str) -> di
 
 
 def peer(algo: str, dataset: str, env: str, target: float, seed: int, budget_s: float) -> dict:
-    proc = subprocess.run([PEER_PYTHON, os.path.join(ROOT, "bench", "peers", "d3rlpy_offline.py"), algo, dataset, env,
-                           str(target), str(seed), str(budget_s)], capture_output=True, text=True, cwd=ROOT)
-    if proc.returncode != 0:
-        raise SystemExit(f"d3rlpy failed: {proc.stderr[-2000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return json_result([PEER_PYTHON, os.path.join(ROOT, "bench", "peers", "d3rlpy_offline.py"), algo, dataset, env,
+                        str(target), str(seed), str(budget_s)], "d3rlpy")
 
 
 def main() -> None:

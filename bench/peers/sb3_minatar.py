@@ -35,7 +35,6 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import statistics  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
 
 CONFIG = "configs/apex_dqn_minatar_breakout.yaml"
@@ -137,10 +136,9 @@ def sb3_once(seed: int, budget: float, lr: float, cfg) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", str(seed), str(budget), "--lr", str(lr),
            "--interval-s", str(cfg.eval.interval_s), "--episodes", str(cfg.eval.episodes),
            "--target", str(cfg.eval.target_return), "--max-episode-steps", str(limit)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"SB3 run failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-2000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    from bench.common import json_result
+
+    return json_result(cmd, "SB3 run")
 
 
 def summarise(runs: list[dict], budget: float) -> dict:
