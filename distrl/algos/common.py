@@ -10,6 +10,7 @@ from gymnasium import spaces
 
 from distrl.core import Algorithm, Batch, Policy, Trajectory, Weights
 from distrl.models import as_input, load_numpy_weights
+from distrl.models.numpy_run import Program, numpy_program
 from distrl.replay import nstep_transitions
 
 HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)  # log of the standard normal density's normaliser
@@ -78,20 +79,32 @@ class NetworkPolicy(Policy):
         self.net = algo.build_network().requires_grad_(False).eval()
         self.device = torch.device("cpu")
         self.loaded = False  # set_weights comes before the first act (workers pull first)
+        self.programs: dict[str, Program | None] = {}  # per method: its numpy program, or None (torch)
 
     def place(self, device: str) -> None:
         """Run the network on `device` (an inference server on a GPU); inputs and outputs stay numpy."""
         self.device = torch.device(device)
         self.net.to(self.device)
+        self.programs.clear()
 
     def set_weights(self, weights: Weights, version: int) -> None:
         load_numpy_weights(self.net, weights)
         self.loaded, self.version = True, version
 
     def run(self, method: str, *inputs):
-        """`self.net.<method>(*inputs)` on numpy inputs (None passes through), as numpy arrays."""
+        """`self.net.<method>(*inputs)` on numpy inputs (None passes through), as numpy arrays.
+
+        On the CPU, a method of one array input runs as its numpy program where the network has one
+        (`distrl.models.numpy_run`: the same module's ops without torch's per-op dispatch).
+        """
         if not self.loaded:
             raise RuntimeError(f"{type(self).__name__} has no weights yet: call set_weights first")
+        if self.device.type == "cpu" and len(inputs) == 1 and isinstance(inputs[0], np.ndarray):
+            if method not in self.programs:
+                self.programs[method] = numpy_program(self.net, method, inputs[0])
+            program = self.programs[method]
+            if program is not None:
+                return program(inputs[0])
         device = None if self.device.type == "cpu" else self.device  # CPU: no .to() per input on the hot path
         with torch.inference_mode():
             out = getattr(self.net, method)(*(_to_tensor(x, device) for x in inputs))

@@ -1,5 +1,6 @@
 """The check every algorithm's acting half passes: it acts with the module class its learner trains, and
-with the learner's published weights its outputs are the learner network's, bit for bit."""
+with the learner's published weights its outputs are the learner network's (bit for bit through torch;
+within float32 rounding where the method runs as its numpy program, `distrl.models.numpy_run`)."""
 import numpy as np
 import pytest
 import torch
@@ -15,18 +16,21 @@ def _tensors(x):
     return as_input(x)
 
 
-def _assert_equal(out, ref, where="output"):
+def _assert_equal(out, ref, exact: bool, where="output"):
     if isinstance(ref, dict):
         assert out.keys() == ref.keys(), where
         for k in ref:
-            _assert_equal(out[k], ref[k], f"{where}[{k!r}]")
+            _assert_equal(out[k], ref[k], exact, f"{where}[{k!r}]")
     elif isinstance(ref, (tuple, list)):
         assert len(out) == len(ref), where
         for i, (o, r) in enumerate(zip(out, ref)):
-            _assert_equal(o, r, f"{where}[{i}]")
+            _assert_equal(o, r, exact, f"{where}[{i}]")
     else:
         assert isinstance(out, np.ndarray), where
-        np.testing.assert_array_equal(out, ref.detach().numpy(), err_msg=where)
+        if exact:
+            np.testing.assert_array_equal(out, ref.detach().numpy(), err_msg=where)
+        else:
+            np.testing.assert_allclose(out, ref.detach().numpy(), rtol=1e-5, atol=1e-6, err_msg=where)
         assert out.dtype == ref.detach().numpy().dtype, where
 
 
@@ -45,7 +49,7 @@ def check_acts_with_the_learners_network(policy, module: torch.nn.Module, weight
     out = policy.run(method, *inputs)
     with torch.no_grad():
         ref = getattr(module, method)(*(_tensors(x) for x in inputs))
-    _assert_equal(out, ref)
+    _assert_equal(out, ref, exact=policy.programs.get(method) is None)
 
     name = next(iter(weights))
     renamed = {("renamed_" + k if k == name else k): v for k, v in weights.items()}
