@@ -23,7 +23,6 @@ from distrl.config.sections import ModelConfig
 from distrl.core import Batch, Learner, Trajectory
 from distrl.models import make_torso
 from distrl.replay.frames import FrameEncoder, frame_transitions
-from distrl.replay.nstep import nstep_transitions
 
 
 @dataclass
@@ -115,10 +114,7 @@ class DQNPolicy(NetworkPolicy):
                 self._frames, stored_obs(traj.obs), traj.actions, traj.rewards, traj.terminated, traj.truncated,
                 stored_obs(traj.next_obs), self.cfg.gamma, self.cfg.n_step)
         else:
-            items, rows = nstep_items(traj, self.cfg.gamma, self.cfg.n_step), np.arange(T * E)
-            steps = rows.reshape(T, E)  # the n-step windows of step indices: each item's bootstrap step
-            boot = nstep_transitions(steps, traj.actions, traj.rewards, traj.terminated, traj.truncated, steps,
-                                     self.cfg.gamma, self.cfg.n_step)["next_obs"]
+            (items, boot), rows = nstep_items(traj, self.cfg.gamma, self.cfg.n_step), np.arange(T * E)
         q_next = self._max_q_next(traj, boot)
         # Initial priority (Ape-X): |TD error| under this worker's own Q-values.
         q_taken = np.take_along_axis(traj.extras["q"].reshape(T * E, -1)[rows],

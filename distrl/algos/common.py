@@ -59,13 +59,18 @@ def stored_obs(obs: np.ndarray) -> np.ndarray:
     return obs.astype(np.float32, copy=False) if obs.dtype.kind == "f" else obs
 
 
-def nstep_items(traj: Trajectory, gamma: float, n_step: int) -> Batch:
-    """A trajectory's n-step transitions as replay stores them."""
-    items = nstep_transitions(traj.obs, traj.actions, traj.rewards, traj.terminated,
-                              traj.truncated, traj.next_obs, gamma, n_step)
+def nstep_items(traj: Trajectory, gamma: float, n_step: int) -> tuple[Batch, np.ndarray]:
+    """A trajectory's n-step transitions as replay stores them (one per (t, e) step, in that order), and
+    each one's bootstrap step: the flat (t, e) index whose next observation is its `next_obs`."""
+    T, E = traj.rewards.shape
+    steps = np.arange(T * E).reshape(T, E)
+    # The windows run once, over step indices in place of next observations; those are gathered after.
+    items = nstep_transitions(stored_obs(traj.obs), traj.actions, traj.rewards, traj.terminated,
+                              traj.truncated, steps, gamma, n_step)
     items.pop("nsteps", None)
-    items["obs"], items["next_obs"] = stored_obs(items["obs"]), stored_obs(items["next_obs"])
-    return items
+    boot = items["next_obs"]
+    items["next_obs"] = stored_obs(np.asarray(traj.next_obs).reshape(T * E, *np.shape(traj.next_obs)[2:])[boot])
+    return items, boot
 
 
 class NetworkPolicy(Policy):

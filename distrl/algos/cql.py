@@ -133,7 +133,7 @@ class CQL(OfflineAlgorithm):
         return [self.spec.observation_space] + ([] if self.discrete else [critic_space(self.spec)])
 
     def dataset_items(self, steps) -> Batch:
-        items = nstep_items(dataset_trajectory(steps), self.cfg.gamma, self.cfg.n_step)
+        items, _ = nstep_items(dataset_trajectory(steps), self.cfg.gamma, self.cfg.n_step)
         if not self.discrete:
             items["actions"] = BoxScaler(self.spec.action_space).to_unit(items["actions"])
         return items

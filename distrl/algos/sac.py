@@ -230,7 +230,7 @@ class SACPolicy(NetworkPolicy):
         return self.scaler.to_env(a), {}
 
     def postprocess(self, traj: Trajectory) -> tuple[Batch, None]:
-        items = nstep_items(traj, self.cfg.gamma, self.cfg.n_step)
+        items, _ = nstep_items(traj, self.cfg.gamma, self.cfg.n_step)
         items["actions"] = self.scaler.to_unit(items["actions"])
         return items, None
 
