@@ -65,9 +65,9 @@ def validate(cfg: Config, address: str | None = None, resuming: bool = False) ->
                           f"cluster; it can host {limit} ({WORKERS_PER_CORE} per core, within free memory). "
                           "Use fewer, or --address to join a Ray cluster")
     _check_ray_only(cfg)
-    from distrl.roles.filming import check_outputs  # issue 28: log.wandb / log.mlflow installed, videos renderable
+    from distrl.roles.filming import check_outputs  # log.wandb / log.mlflow installed, videos renderable
 
-    check_outputs(cfg)
+    check_outputs(cfg.log, cfg.eval, cfg.env, algo.multi_agent)
     if cfg.mode != "single":  # single mode starts no Ray: placement does not apply
         _check_placement_amounts(cfg)
         from distrl.runtime.ray_setup import check_placement

@@ -118,29 +118,25 @@ def evaluation_video(policy: Policy, env_cfg, seed: int, multi_agent: bool) -> d
     return {"mp4": mp4, "gif": gif, "gif_size": (h, w), "frames": writer.frames, "return": ret}
 
 
-def check_filmable(cfg) -> None:
-    """VideoError (a ConfigError naming eval.video_every_s) when the run asks for videos of an env that
-    cannot render rgb_array frames; checked before a run starts."""
-    from distrl.registry import algorithm
-
-    if cfg.eval.video_every_s is None:
-        return
-    multi_agent = algorithm(cfg.algo).multi_agent
+def check_filmable(env_cfg, multi_agent: bool) -> None:
+    """VideoError (a ConfigError naming eval.video_every_s) when the env (`env` section) cannot render
+    rgb_array frames; checked before a run that asks for videos starts."""
     try:
-        env = render_env(cfg.env, multi_agent)
+        env = render_env(env_cfg, multi_agent)
         try:
             env.reset(seed=0)
-            check_frame(env.render(), cfg.env.id)
+            check_frame(env.render(), env_cfg.id)
         finally:
             env.close()
     except VideoError as e:
         raise VideoError(f"config key 'eval.video_every_s': {e}") from None
 
 
-def check_outputs(cfg) -> None:
-    """Before a run starts: the trackers it logs to are installed, and the env it films renders frames
-    (ConfigError naming the key otherwise)."""
+def check_outputs(log_cfg, eval_cfg, env_cfg, multi_agent: bool) -> None:
+    """Before a run starts: the trackers it logs to (`log` section) are installed, and the env it films
+    (when `eval.video_every_s` is set) renders frames (ConfigError naming the key otherwise)."""
     from distrl.observe.trackers import check_installed
 
-    check_installed(cfg.log)
-    check_filmable(cfg)
+    check_installed(log_cfg)
+    if eval_cfg.video_every_s is not None:
+        check_filmable(env_cfg, multi_agent)

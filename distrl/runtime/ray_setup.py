@@ -131,8 +131,9 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
 ROLES = ("learner", "replay", "parameter_server", "evaluator", "workers", "gradient_workers", "inference")
 
 
-def role_resources(cfg, clustered: bool, device: str) -> dict[str, dict[str, float]]:
-    """What one actor of each role asks Ray for: its `placement` plus what the role always reserves.
+def role_resources(placement, central_inference: bool, clustered: bool, device: str) -> dict[str, dict[str, float]]:
+    """What one actor of each role asks Ray for: its `placement` (the config section) plus what the role
+    always reserves.
 
     On a cluster each worker and the learner reserve a CPU, so Ray spreads them over nodes; embedded on
     one machine, reservations would only cap the worker count (the other roles mostly wait: no CPU). On
@@ -141,10 +142,10 @@ def role_resources(cfg, clustered: bool, device: str) -> dict[str, dict[str, flo
     cpus = 1.0 if clustered else 0.0
     gpu = device.startswith("cuda")
     # With central inference the server shares the learner's GPU: half each, so one GPU holds both.
-    gpu_share = (0.5 if role_count(cfg, "inference") else 1.0) if gpu else 0.0
+    gpu_share = (0.5 if central_inference else 1.0) if gpu else 0.0
     always = {"workers": {"CPU": cpus}, "gradient_workers": {"CPU": cpus},
               "inference": {"CPU": cpus, "GPU": gpu_share}, "learner": {"CPU": cpus, "GPU": gpu_share}}
-    return {role: {**always.get(role, {"CPU": 0.0}), **{str(k): float(v) for k, v in getattr(cfg.placement, role).items()}}
+    return {role: {**always.get(role, {"CPU": 0.0}), **{str(k): float(v) for k, v in getattr(placement, role).items()}}
             for role in ROLES}
 
 
@@ -255,7 +256,8 @@ def check_placement(cfg, address: str | None) -> None:
     for ever. Joins (or starts) the Ray the run will use."""
     from distrl.roles.factory import resolve_device
 
-    wanted = role_resources(cfg, bool(address), resolve_device(cfg.device))
+    wanted = role_resources(cfg.placement, bool(role_count(cfg, "inference")), bool(address),
+                            resolve_device(cfg.device))
     if not address and not any(v > 0 for res in wanted.values() for v in res.values()):
         return  # embedded and asking for nothing: no need to start Ray to know it fits
     init_ray(address, user_modules(cfg.model))

@@ -36,7 +36,7 @@ def restartable(*args) -> tuple:
 def start_roles(roles, cfg, start_time: float, address: str | None, eval_resume: dict | None, run: str) -> None:
     """Create the run's actors on `roles` (a RayRoles), its RoleWatch and WorkerPool."""
     d, f, heap_env, device = to_dict(cfg), cfg.fault, heap_runtime_env(), resolve_device(cfg.device)
-    wanted = role_resources(cfg, bool(address), device)
+    wanted = role_resources(cfg.placement, bool(role_count(cfg, "inference")), bool(address), device)
     place = {name: actor_options(res) for name, res in wanted.items()}
     role = {"max_restarts": f.max_role_restarts, "max_task_retries": 0}
     names = {"ps": f"{run}-parameter-server", "replay": f"{run}-replay",

@@ -138,7 +138,7 @@ def trial_resources(cfg, address: str | None, cluster_cpus: float):
         return tune.PlacementGroupFactory([{"CPU": 1.0, **gpu}])
     if not address:
         return tune.PlacementGroupFactory([{"CPU": float(min(role_count(cfg, "workers") + 1, cluster_cpus)), **gpu}])
-    wanted = role_resources(cfg, True, device)
+    wanted = role_resources(cfg.placement, bool(role_count(cfg, "inference")), True, device)
     bundles = [{"CPU": 1.0}]  # the trial's driver
     for role in ROLES:
         asks = {k: v for k, v in wanted[role].items() if v > 0}

@@ -219,12 +219,12 @@ def test_resources_no_single_node_holds_together_are_refused_naming_the_role(mon
 def test_on_cuda_the_learner_and_a_central_inference_server_share_one_gpu(monkeypatch):
     from distrl.runtime.ray_setup import check_placement, role_resources
 
-    central = load_config(None, ["mode=sync", "rollout.inference=central"])
-    wanted = role_resources(central, True, "cuda")
+    placement = load_config(None, ["mode=sync"]).placement
+    wanted = role_resources(placement, True, True, "cuda")
     assert wanted["learner"]["GPU"] == wanted["inference"]["GPU"] == 0.5
     assert wanted["workers"].get("GPU", 0.0) == wanted["evaluator"].get("GPU", 0.0) == 0.0
-    assert role_resources(load_config(None, ["mode=sync"]), True, "cuda")["learner"]["GPU"] == 1.0
-    assert role_resources(central, True, "cpu")["inference"]["GPU"] == 0.0
+    assert role_resources(placement, False, True, "cuda")["learner"]["GPU"] == 1.0
+    assert role_resources(placement, True, True, "cpu")["inference"]["GPU"] == 0.0
     fake_cluster(monkeypatch, {"CPU": 4, "GPU": 1})
     check_placement(load_config(None, ["mode=sync", "device=cuda", "rollout.inference=central"]), "head:6379")
 
