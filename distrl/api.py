@@ -113,7 +113,7 @@ def evaluate(run_dir: str, episodes: int = 20, seed: int = 12345, video: str | N
     cfg = _run_config(run_dir)
     policy, meta = _best_policy(run_dir, cfg)
     multi_agent, frames = algorithm(cfg.algo).multi_agent, None
-    if video is not None:  # issue 28: `distrl eval --video`
+    if video is not None:  # `distrl eval --video`
         from distrl.roles.filming import film_greedy
 
         returns, infos, frames = film_greedy(policy, cfg.env, episodes, seed, video, multi_agent)

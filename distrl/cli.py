@@ -72,7 +72,7 @@ def _config_parser(sub) -> None:
                    help="override a config key, e.g. --set ppo.lr=1e-3 (repeatable)")
 
 
-def _tune_parser(sub) -> None:  # issue 28
+def _tune_parser(sub) -> None:
     p = sub.add_parser("tune", help="a hyperparameter sweep on Ray Tune: each trial a run, a table at the end")
     p.add_argument("config", nargs="?", help="YAML config file (not with --resume)")
     p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
@@ -92,7 +92,7 @@ def _tune_parser(sub) -> None:  # issue 28
     p.add_argument("--resume", metavar="SWEEP_DIR", help="continue a killed sweep; finished trials are not run again")
 
 
-def cmd_tune(args) -> int:  # issue 28
+def cmd_tune(args) -> int:
     from distrl.api import resume, train
     from distrl.checks import validate
     from distrl.runtime.tune import resume_sweep, run_sweep
@@ -226,7 +226,7 @@ def cmd_eval(args) -> int:
     if episodes < 1:
         raise UsageError(f"--episodes must be >= 1, got {episodes}")
     result = evaluate(args.run_dir, episodes, args.seed, video=args.video)
-    if args.video:  # issue 28
+    if args.video:
         print(f"{args.video}: {len(result['returns'])} episode(s), {result['frames']} frames")
     print(f"{result['env']}: {result['mean']:.1f} ± {result['std']:.1f} over {len(result['returns'])} greedy "
           f"episodes (checkpoint version {result['version']})")

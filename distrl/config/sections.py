@@ -125,7 +125,7 @@ class CheckpointConfig:
     max_replay_bytes: int = f(2_000_000_000, "replay larger than this is left out of checkpoints; a resumed run then refills it from the workers", lo=0)
 
 
-# What log.wandb and log.mlflow take: key -> the types its value may have (issue 28's trackers).
+# What log.wandb and log.mlflow take: key -> the types its value may have.
 TRACKER_KEYS = {
     "wandb": {"project": (str,), "mode": (str,), "entity": (str,), "group": (str,), "name": (str,),
               "tags": (list,)},

@@ -50,7 +50,7 @@ class Driver:
         self.c = counters or Counters()
         self.logger = MetricsLogger(run_dir, cfg.log.tensorboard, cfg.log.progress, append=counters is not None,
                                     total_steps=cfg.stop.max_env_steps, initial_steps=self.c.env_steps,
-                                    cfg=cfg)  # issue 28: cfg for the trackers (log.wandb, log.mlflow)
+                                    cfg=cfg)  # cfg for the trackers (log.wandb, log.mlflow)
         self.checkpoint_s: list[float] = []
         self.last_checkpoint = time.time()
         self.stop_requested: str | None = None
@@ -201,7 +201,7 @@ class Driver:
 
     def _evaluate(self, block: bool = False) -> None:
         for result in self.roles.poll_eval(block=block, timeout=60.0):
-            self.logger.eval_result(result)  # issue 28: an evaluation's video (eval.video_every_s), taken out
+            self.logger.eval_result(result)  # an evaluation's video (eval.video_every_s), taken out
             self._keep_if_best(result)
             self.c.eval_last = result
             self.c.evaluations += 1
@@ -235,7 +235,7 @@ class Driver:
             return "solved"
         if self.stop_requested:
             return self.stop_requested
-        if self.logger.stop_request:  # issue 28: a sweep's scheduler stopped this run early (RUN_DIR/stop_request.json)
+        if self.logger.stop_request:  # a sweep's scheduler stopped this run early (RUN_DIR/stop_request.json)
             return self.logger.stop_request
         if self.c.worker_restarts > fault.max_worker_restarts:
             self.failure = (f"stopped: {self.c.worker_restarts} rollout-worker restarts exceed "
@@ -312,7 +312,7 @@ class Driver:
         if not self.abort:
             self._attempt(self._write_trace)
         save_json(os.path.join(self.run_dir, "summary.json"), summary)
-        self.logger.close(summary)  # issue 28: the trackers get the summary and the best checkpoint
+        self.logger.close(summary)  # the trackers get the summary and the best checkpoint
         return summary
 
     def _replay_bytes(self) -> float | None:
