@@ -16,8 +16,11 @@ def test_solves_cartpole_within_step_budget(request, tmp_path, algo, mode):
     if mode != "single":
         request.getfixturevalue("ray_session")
     run_dir = str(tmp_path / "run")
+    # Async A3C's greedy return swings between evaluations, and beside the other test process its
+    # evaluator gets fewer turns: it solves in 40-115k env steps here, yet once ran past 300k in a full suite.
+    budget = 600_000 if mode == "async" else 300_000
     summary = train(os.path.join(ROOT, "configs", f"{algo}_cartpole.yaml"), run_dir=run_dir,
-                    overrides=[f"mode={mode}", "workers=2", "seed=0", "stop.max_env_steps=300000",
+                    overrides=[f"mode={mode}", "workers=2", "seed=0", f"stop.max_env_steps={budget}",
                                "stop.max_seconds=180", "log.progress=false", "log.tensorboard=false"])
     assert summary["solved"], summary
     assert summary["best_eval_return"] >= 475
