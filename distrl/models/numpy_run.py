@@ -4,10 +4,10 @@ A worker's step runs a small network on a few rows. There each torch op pays 3-5
 against ~1 µs for a numpy call, and the arithmetic is the smaller part of either: a 64x64 MLP acting
 on 8 rows costs ~110 µs through torch and ~35 µs in numpy. `numpy_program(module, method, x)` traces
 `module.<method>` with torch.fx into its ops; when every op is one listed here (linear layers,
-elementwise activations, reshapes, concatenation, arithmetic), it returns a function that runs those
-ops on numpy arrays with the module's own parameters - numpy views of the same memory, so weights
-loaded into the module reach it without a copy. Anything else (convolutions, recurrent cores,
-attention, control flow on values) gives None and the caller runs torch.
+elementwise activations, layer norm, reshapes, concatenation, arithmetic), it returns a function
+that runs those ops on numpy arrays with the module's own parameters - numpy views of the same
+memory, so weights loaded into the module reach it without a copy. Anything else (convolutions,
+recurrent cores, attention, control flow on values) gives None and the caller runs torch.
 
 It is one program for every algorithm's network, never a second implementation of one: what it runs
 is read from the module, and it is checked against torch on the first input it gets (a mismatch gives
@@ -49,6 +49,14 @@ def _silu(x, inplace=False):
 
 def _linear(x, weight, bias=None):
     y = x @ weight.T
+    return y + bias if bias is not None else y
+
+
+def _layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    axes = tuple(range(-len(normalized_shape), 0))
+    mean = x.mean(axis=axes, keepdims=True)
+    y = (x - mean) / np.sqrt(x.var(axis=axes, keepdims=True) + eps)  # the biased variance, as torch's
+    y = y * weight if weight is not None else y
     return y + bias if bias is not None else y
 
 
@@ -96,13 +104,15 @@ _MODULES: dict[type, Callable[[nn.Module], Callable]] = {
     nn.Sigmoid: lambda m: _sigmoid,
     nn.SiLU: lambda m: _silu,
     nn.ELU: lambda m: (lambda x, a=m.alpha: _elu(x, a)),
+    nn.LayerNorm: lambda m: (lambda x, s=tuple(m.normalized_shape), w=_view(m.weight), b=_view(m.bias), e=m.eps:
+                             _layer_norm(x, s, w, b, e)),
     nn.Identity: lambda m: (lambda x: x),
     nn.Flatten: lambda m: (lambda x, s=m.start_dim, e=m.end_dim: _flatten(x, s, e)),
 }
 _FUNCTIONS: dict[Any, Callable] = {
     F.linear: _linear, F.relu: _relu, torch.relu: _relu, torch.tanh: np.tanh, F.tanh: np.tanh,
     torch.sigmoid: _sigmoid, F.silu: _silu, F.elu: _elu, torch.exp: np.exp, torch.cat: _cat,
-    torch.flatten: _flatten, torch.squeeze: _squeeze, torch.chunk: _chunk,
+    F.layer_norm: _layer_norm, torch.flatten: _flatten, torch.squeeze: _squeeze, torch.chunk: _chunk,
     operator.add: operator.add, operator.sub: operator.sub, operator.mul: operator.mul,
     operator.truediv: operator.truediv, operator.neg: operator.neg, operator.getitem: operator.getitem,
 }

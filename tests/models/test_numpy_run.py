@@ -29,6 +29,7 @@ FEEDFORWARD = [  # (algo, env, overrides, the method its policy acts through)
     ("sac", "Pendulum-v1", [], "forward"),
     ("bc", "CartPole-v1", [], "forward"),
     ("apex_dqn", "CartPole-v1", ["model.torso=tests.models.user_torsos:Factory"], "forward"),
+    ("ppo", "CartPole-v1", ["model.torso=tests.runtime.custom_torso:LayerNormTorso"], "act_outputs"),
 ]
 
 
