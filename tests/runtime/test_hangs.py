@@ -1,7 +1,7 @@
 """Hung processes (SIGSTOP: alive, answering nothing) are noticed in every mode: a rollout worker in async
 mode while the others deliver, a gradient worker while the learner waits for its shard, single mode's
 evaluator. Each is ended within fault.role_timeout_s, restarted, counted once, and reported in one console
-line; the run goes on to solve."""
+line; the run goes on."""
 import csv
 import os
 import signal
@@ -82,18 +82,29 @@ def test_a_hung_rollout_worker_in_async_mode_is_ended_restarted_and_counted(ray_
 
 def test_a_hung_gradient_worker_is_ended_restarted_and_counted_without_a_traceback(ray_session, tmp_path, capfd):
     """The learner's step waits on its shard: the driver, waiting on the learner, ends the silent gradient
-    worker; Ray restarts it and runs the shard again there. The learner is not blamed."""
-    run_dir = str(tmp_path / "run")
+    worker; Ray restarts it and runs the shard again there, and the updates go on. The learner is not blamed.
+    (No target: PPO may solve CartPole on the weights it had when the worker hung, before the restart.)"""
+    run_dir, done = str(tmp_path / "run"), threading.Event()
     stopper = Stopper(run_dir, "GradientWorker")
     stopper.start()
+    stop = threading.Thread(target=stop_once_back, args=(run_dir, done, 12), daemon=True)
+    stop.start()
+    start = time.time()
     try:
-        summary = train(PPO, run_dir=run_dir, overrides=[
-            "mode=sync", "workers=2", "seed=0", "learner.num_gradient_workers=2", "stop.max_seconds=200", *QUIET])
+        summary = train(PPO, run_dir=run_dir, start_time=start, overrides=[
+            "mode=sync", "workers=2", "seed=0", "learner.num_gradient_workers=2", "stop.max_seconds=200",
+            "eval.target_return=null", *QUIET])
     finally:
+        done.set()
+        stop.join(timeout=5)
         stopper.resume()
     assert stopper.stopped is not None, summary
-    assert summary["solved"] and summary["failure"] is None, summary
+    assert summary["stop_reason"] == "interrupted" and summary["failure"] is None, summary
     assert summary["gradient_worker_restarts"] == 1 and summary["learner_restarts"] == 0, summary
+    rows = list(csv.DictReader(open(os.path.join(run_dir, "metrics.csv"))))
+    ended_by = stopper.stopped[1] - start + HANG_TIMEOUT_S
+    before = [int(r["updates"]) for r in rows if float(r["wall_s"]) < ended_by]
+    assert before and int(rows[-1]["updates"]) > before[-1], rows  # updates went on after the restart
     assert not os.path.exists(os.path.join(run_dir, "failure.log"))
     err = capfd.readouterr().err
     events = console_events(err)
