@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import os
-import re
-import secrets
 import time
 from typing import Any
 
@@ -11,12 +9,11 @@ from distrl.checks import validate
 from distrl.config import Config, ConfigError, apply_overrides, from_dict, load_config, to_dict
 
 
-def default_run_dir(cfg: Config) -> str:
+def default_run_dir(algo: str, env_id: str, mode: str, seed: int) -> str:
     """runs/<algo>_<env>_<mode>_seed<N>_<time to the microsecond>-<random>: two runs started together never share one."""
-    env = re.sub(r"[^A-Za-z0-9_.-]+", "-", cfg.env.id.split(":")[-1])
-    now = time.time()
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now)) + f".{int(now % 1 * 1e6):06d}"
-    return os.path.join("runs", f"{cfg.algo}_{env}_{cfg.mode}_seed{cfg.seed}_{stamp}-{secrets.token_hex(3)}")
+    from distrl.checkpoint.files import fresh_dir  # not at import: it loads safetensors
+
+    return fresh_dir("runs", algo, env_id, mode, f"seed{seed}")
 
 
 def resolve_config(config: Config | dict | str | None, overrides: list[str] | None = None) -> Config:
@@ -41,7 +38,7 @@ def train(config: Config | dict | str | None = None, *, overrides: list[str] | N
     cfg = resolve_config(config, overrides)
     validate(cfg, address)
     # Absolute: actors on a cluster started from another directory resolve the same path.
-    run_dir = os.path.abspath(run_dir or default_run_dir(cfg))
+    run_dir = os.path.abspath(run_dir or default_run_dir(cfg.algo, cfg.env.id, cfg.mode, cfg.seed))
     if os.path.exists(run_dir) and not os.path.isdir(run_dir):
         raise ConfigError(f"run dir {run_dir} is a file, not a directory")
     if os.path.exists(os.path.join(run_dir, "config.yaml")):

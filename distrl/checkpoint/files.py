@@ -1,9 +1,12 @@
-"""Atomic, pickle-free files: weights as safetensors, metadata as JSON."""
+"""Atomic, pickle-free files: weights as safetensors, metadata as JSON; fresh directory names."""
 from __future__ import annotations
 
 import json
 import os
+import re
+import secrets
 import tempfile
+import time
 from typing import Any
 
 import numpy as np
@@ -56,3 +59,12 @@ def save_json(path: str, obj: Any) -> None:
         with open(tmp, "w") as fh:
             json.dump(obj, fh, indent=2, default=float)
     atomic_write(path, write)
+
+
+def fresh_dir(root: str, algo: str, env_id: str, *parts: str) -> str:
+    """root/<algo>_<env>[_<part>...]_<local time to the microsecond>-<random>: two started together never
+    share one. The env id enters as its name after any "module:" prefix, other characters as "-"."""
+    env = re.sub(r"[^A-Za-z0-9_.-]+", "-", env_id.split(":")[-1])
+    now = time.time()
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now)) + f".{int(now % 1 * 1e6):06d}"
+    return os.path.join(root, "_".join([algo, env, *parts, stamp]) + f"-{secrets.token_hex(3)}")

@@ -16,11 +16,10 @@ import json
 import math
 import os
 import re
-import secrets
-import time
 
 import yaml
 
+from distrl.checkpoint.files import fresh_dir
 from distrl.config import ConfigError, from_dict, to_dict
 from distrl.config.parse import FLOAT_TEXT
 from distrl.runtime.ray_setup import ROLES, role_count, role_resources
@@ -150,9 +149,8 @@ def trial_resources(cfg, address: str | None, cluster_cpus: float):
     return tune.PlacementGroupFactory(bundles)
 
 
-def default_sweep_dir(cfg) -> str:
-    env = re.sub(r"[^A-Za-z0-9_.-]+", "-", cfg.env.id.split(":")[-1])
-    return os.path.join("sweeps", f"{cfg.algo}_{env}_{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}")
+def default_sweep_dir(algo: str, env_id: str) -> str:
+    return fresh_dir("sweeps", algo, env_id)
 
 
 def _tuner(spec: dict, trainable, restore: bool):
@@ -226,7 +224,7 @@ def run_sweep(config, axes: list[str], *, train, resume, validate, overrides: li
             "scheduler": scheduler, "metric": metric, "max_concurrent": max_concurrent, "address": address,
             "grace_period": grace_period, "cwd": os.getcwd()}
     check_spec(spec, validate)
-    spec["dir"] = os.path.abspath(sweep_dir or default_sweep_dir(base))
+    spec["dir"] = os.path.abspath(sweep_dir or default_sweep_dir(base.algo, base.env.id))
     if os.path.exists(os.path.join(spec["dir"], SPEC_FILE)):
         raise ConfigError(f"{spec['dir']} already holds a sweep: resume it with --resume, or choose another --dir")
     if os.path.exists(spec["dir"]) and not os.path.isdir(spec["dir"]):

@@ -142,7 +142,7 @@ def test_default_run_dirs_of_runs_started_together_differ():
     from distrl.config import load_config
 
     cfg = load_config(CARTPOLE, ["seed=3"])
-    names = {default_run_dir(cfg) for _ in range(50)}
+    names = {default_run_dir(cfg.algo, cfg.env.id, cfg.mode, cfg.seed) for _ in range(50)}
     assert len(names) == 50 and all("seed3" in n for n in names)
 
 
