@@ -136,7 +136,7 @@ class DQNPolicy(NetworkPolicy):
         acted[:-1] = ~ended[:-1]
         need = np.unique(boot[~acted.ravel()[boot]])
         if need.size:
-            next_obs = stored_obs(traj.next_obs).reshape(T * E, *traj.next_obs.shape[2:])[need]
+            next_obs = stored_obs(np.asarray(traj.next_obs).reshape(T * E, *traj.next_obs.shape[2:])[need])
             q_max[need] = self.evaluate(next_obs)[0]["q"].max(axis=1)
         return q_max[boot]
 

@@ -24,6 +24,8 @@ import torch
 from torch import fx, nn
 from torch.nn import functional as F
 
+from distrl.models.weights import numpy_out
+
 Program = Callable[[np.ndarray], Any]
 
 _NP_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.int64: np.int64}
@@ -131,7 +133,7 @@ class _Unsupported(Exception):
 
 def _view(t: torch.Tensor | None) -> np.ndarray | None:
     """A numpy array sharing the tensor's memory (load_state_dict copies into it in place)."""
-    return None if t is None else t.detach().numpy()
+    return None if t is None else numpy_out(t)
 
 
 class _Tracer(fx.Tracer):

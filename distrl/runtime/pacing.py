@@ -14,10 +14,9 @@ from distrl.roles.experience import ExperienceServer
 from distrl.roles.learning import LearnerLoop
 
 
-def sequence_length(cfg: Config) -> int:
-    """Steps of a stored sequence: burn-in, trained steps, then n-step bootstrap steps."""
-    seq = cfg.sequence
-    return seq.burn_in + seq.length + cfg.algo_config.n_step
+def sequence_length(sequence, n_step: int) -> int:
+    """Steps of a stored sequence (`sequence` section): burn-in, trained steps, then n-step bootstrap steps."""
+    return sequence.burn_in + sequence.length + n_step
 
 
 def items_per_gather(cfg: Config) -> int:
@@ -69,7 +68,7 @@ def experience_spec(cfg: Config) -> ExperienceSpec:
     replayed = path in ("replay", "sequence")
     lc = cfg.learner
     return ExperienceSpec(path, cfg.replay if replayed else None, 0 if replayed else cfg.queue.capacity,
-                          sequence_length(cfg) if path == "sequence" else 0, cfg.seed,
+                          sequence_length(cfg.sequence, cfg.algo_config.n_step) if path == "sequence" else 0, cfg.seed,
                           Take(lc.batch_size, lc.batches_per_call, fragments_per_update(cfg)))
 
 

@@ -47,7 +47,7 @@ def test_a_sequence_gather_counts_sequences_and_a_sequence_is_burn_in_trained_an
     cfg = config("r2d2_repeat_previous.yaml", "mode=sync", "workers=2", "rollout.fragment_length=20",
                  "env.num_envs=3", "sequence.period=8", "sequence.burn_in=4", "sequence.length=10", "r2d2.n_step=5")
     assert items_per_gather(cfg) == 2 * -(-20 * 3 // 8)  # one sequence starts every `period` steps, rounded up
-    assert sequence_length(cfg) == 4 + 10 + 5
+    assert sequence_length(cfg.sequence, cfg.algo_config.n_step) == 4 + 10 + 5
 
 
 def test_a_limiter_resumes_from_its_counts():
@@ -73,7 +73,7 @@ def test_each_data_path_gets_its_store_sized_by_its_sections():
     assert (replay.take.batch_size, replay.take.batches_per_call) == (32, 8)
     r2d2 = config("r2d2_repeat_previous.yaml")
     seq = make_experience(experience_spec(r2d2))
-    assert type(seq.store) is SequenceReplay and seq.store.sequence_length == sequence_length(r2d2)
+    assert type(seq.store) is SequenceReplay and seq.store.sequence_length == sequence_length(r2d2.sequence, r2d2.algo_config.n_step)
     fifo = experience("ppo_cartpole.yaml", "mode=sync", "workers=2", "queue.capacity=3")
     assert type(fifo.store) is FragmentQueue and fifo.store.capacity == 3 and fifo.take.fragments == 2
 
