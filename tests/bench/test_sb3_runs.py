@@ -1,4 +1,4 @@
-from bench.peers.sb3_minatar import summarise
+from bench.peers.sb3_runs import summarise
 
 
 def run(side: str, seed: int, t: float | None) -> dict:
