@@ -20,7 +20,7 @@ import numpy as np
 from distrl.algos.common import stored_obs
 from distrl.algos.r2d2_acting import SequencePolicy, nstep_targets, sequence_priorities
 from distrl.core import Batch, Trajectory
-from distrl.replay.sequences import chunks_per_item
+from distrl.replay.sequences import empty_message
 
 # ---------------------------------------------------------------- shared per-agent maths
 # Arithmetic, reshapes and [..., None] only: the same code runs on numpy arrays and torch tensors.
@@ -115,14 +115,6 @@ class DHCPolicy(SequencePolicy):
 
     def _empty_message(self, steps: dict[str, np.ndarray]) -> Batch:
         """The message of no items, with every key and trailing shape of a real one."""
-        c = self.seq.chunk_length
-        fields = {k: (v.shape[2:], v.dtype) for k, v in steps.items()}
-        fields.update(discount=((), np.float32), mask=((), np.float32))
-        msg = {f"chunk/{k}": np.zeros((0, c, *shape), dtype) for k, (shape, dtype) in fields.items()}
-        msg.update({"chunk/key": np.zeros(0, np.int64), "chunk/length": np.zeros(0, np.int32),
-                    "item/chunks": np.zeros((0, chunks_per_item(self.sequence_length, c)), np.int64),
-                    "item/offset": np.zeros(0, np.int32), "item/pad_left": np.zeros(0, np.int32),
-                    "item/length": np.zeros(0, np.int32), "item/first": np.zeros(0, bool),
-                    "item/state": np.zeros((0, *self.state_shape), np.float32),
-                    "version": np.zeros(0, np.int32)})
-        return msg
+        per_step = {k: (v.shape[2:], v.dtype) for k, v in steps.items()}
+        per_step.update(discount=((), np.float32), mask=((), np.float32))
+        return empty_message(per_step, self.seq.chunk_length, self.sequence_length, self.state_shape)

@@ -26,7 +26,7 @@ import numpy as np
 from distrl.algos.common import NetworkPolicy, stored_obs
 from distrl.algos.qlearning import epsilon_greedy, worker_epsilon
 from distrl.core import Batch, Trajectory
-from distrl.replay.sequences import SequenceAdder, chunks_per_item
+from distrl.replay.sequences import SequenceAdder, empty_message
 
 # ---------------------------------------------------------------- shared sequence maths
 # Written with arithmetic and slicing only, so the same code runs on numpy arrays (worker
@@ -193,23 +193,9 @@ class R2D2Policy(SequencePolicy):
         return sequence_priorities(np.abs(td), mask[b:b + n], cfg.priority_eta).astype(np.float32)
 
     def _empty_message(self, traj: Trajectory) -> Batch:
-        """The message of no items: every key of the spec's message, zero rows, the right trailing shapes.
-
-        A store can then treat it like any other message (nothing to add) without special keys.
-        """
-        c = self.seq.chunk_length
+        """The message of no items, with every key and trailing shape of a real one."""
         per_step = {"obs": (traj.obs.shape[2:], stored_obs(traj.obs[:0]).dtype),
                     "actions": (traj.actions.shape[2:], traj.actions.dtype),
                     "rewards": ((), np.float32), "discount": ((), np.float32), "mask": ((), np.float32)}
-        msg = {f"chunk/{k}": np.zeros((0, c, *shape), dtype) for k, (shape, dtype) in per_step.items()}
-        if self.spec.frame_stack:  # the obs as the adder sends them: frames, a chunk's first stack then one a step
-            shape, dtype = per_step["obs"]
-            del msg["chunk/obs"]
-            msg["frames/obs"] = np.zeros((0, c + self.spec.frame_stack - 1, *shape[1:]), dtype)
-        msg.update({"chunk/key": np.zeros(0, np.int64), "chunk/length": np.zeros(0, np.int32),
-                    "item/chunks": np.zeros((0, chunks_per_item(self.sequence_length, c)), np.int64),
-                    "item/offset": np.zeros(0, np.int32), "item/pad_left": np.zeros(0, np.int32),
-                    "item/length": np.zeros(0, np.int32), "item/first": np.zeros(0, bool),
-                    "item/state": np.zeros((0, *self.state_shape), np.float32),
-                    "version": np.zeros(0, np.int32)})
-        return msg
+        return empty_message(per_step, self.seq.chunk_length, self.sequence_length, self.state_shape,
+                             self.spec.frame_stack)

@@ -53,6 +53,28 @@ def chunks_per_item(sequence_length: int, chunk_length: int) -> int:
     return -(-(sequence_length + chunk_length - 1) // chunk_length)
 
 
+def empty_message(per_step: dict[str, tuple[tuple, np.dtype]], chunk_length: int, sequence_length: int,
+                  state_shape: tuple, frames: int = 0) -> dict[str, np.ndarray]:
+    """The message of no items: every key an adder's message has, zero rows, the right trailing shapes.
+
+    `per_step` maps each stored field to its per-step (shape, dtype); with `frames` (frame_stack k > 0)
+    the framed field travels as k - 1 more frames per chunk, as the adder sends it. A store then treats
+    it like any other message (nothing to add) without special keys.
+    """
+    c = chunk_length
+    msg = {f"chunk/{k}": np.zeros((0, c, *shape), dtype) for k, (shape, dtype) in per_step.items()}
+    if frames:
+        shape, dtype = per_step[FRAMED_FIELD]
+        del msg[f"chunk/{FRAMED_FIELD}"]
+        msg[f"frames/{FRAMED_FIELD}"] = np.zeros((0, c + frames - 1, *shape[1:]), dtype)
+    msg.update({"chunk/key": np.zeros(0, np.int64), "chunk/length": np.zeros(0, np.int32),
+                "item/chunks": np.zeros((0, chunks_per_item(sequence_length, c)), np.int64),
+                "item/offset": np.zeros(0, np.int32), "item/pad_left": np.zeros(0, np.int32),
+                "item/length": np.zeros(0, np.int32), "item/first": np.zeros(0, bool),
+                "item/state": np.zeros((0, *state_shape), np.float32), "version": np.zeros(0, np.int32)})
+    return msg
+
+
 class _Keys:
     """Chunk keys of one stream."""
 
