@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 from distrl.config import Config, ConfigError
+from distrl.config.sections import EnvConfig, PlacementConfig
 
 
 # Rollout workers one machine hosts without a cluster: beyond a few per core they only contend,
@@ -39,7 +40,7 @@ def validate(cfg: Config, address: str | None = None, resuming: bool = False) ->
 
     algo = algorithm(cfg.algo)
     try:
-        spec = _check_multiagent_env(cfg) if algo.multi_agent else check_env(
+        spec = _check_multiagent_env(cfg.env) if algo.multi_agent else check_env(
             cfg.env.id, cfg.env.kwargs, wrappers=cfg.env.wrappers, preset=cfg.env.preset)
     except EnvError as e:
         raise ConfigError(str(e)) from None
@@ -64,12 +65,12 @@ def validate(cfg: Config, address: str | None = None, resuming: bool = False) ->
         raise ConfigError(f"config key 'workers': {cfg.workers} workers cannot run on this machine without a "
                           f"cluster; it can host {limit} ({WORKERS_PER_CORE} per core, within free memory). "
                           "Use fewer, or --address to join a Ray cluster")
-    _check_ray_only(cfg)
+    _check_ray_only(cfg.algo, cfg.mode, cfg.learner.num_gradient_workers, cfg.rollout.inference)
     from distrl.roles.filming import check_outputs  # log.wandb / log.mlflow installed, videos renderable
 
     check_outputs(cfg.log, cfg.eval, cfg.env, algo.multi_agent)
     if cfg.mode != "single":  # single mode starts no Ray: placement does not apply
-        _check_placement_amounts(cfg)
+        _check_placement_amounts(cfg.placement)
         from distrl.runtime.ray_setup import check_placement
 
         check_placement(cfg, address)  # last: it joins (or starts) the Ray the run will use
@@ -174,30 +175,31 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:,.1f} GiB"
 
 
-def _check_ray_only(cfg: Config) -> None:
-    """Gradient workers and central inference: Ray actors, for the algorithms whose halves support them."""
+def _check_ray_only(algo: str, mode: str, gradient_workers: int, inference: str) -> None:
+    """Gradient workers and central inference (`learner.num_gradient_workers`, `rollout.inference`): Ray
+    actors, for the algorithms whose halves support them."""
     from distrl.registry import algorithm, with_capability
 
-    wanted = [("learner.num_gradient_workers", cfg.learner.num_gradient_workers > 1, "gradient_workers",
+    wanted = [("learner.num_gradient_workers", gradient_workers > 1, "gradient_workers",
                "has no gradient workers", "gradient workers"),
-              ("rollout.inference", cfg.rollout.inference == "central", "central_inference",
+              ("rollout.inference", inference == "central", "central_inference",
                "acts only in its workers", "central inference")]
     for key, asked, flag, refusal, feature in wanted:
         if not asked:
             continue
-        if not getattr(algorithm(cfg.algo), flag):
+        if not getattr(algorithm(algo), flag):
             able = ", ".join(with_capability(flag))
-            raise ConfigError(f"config key '{key}': {cfg.algo} {refusal} (algorithms with {feature}: {able})")
-        if cfg.mode == "single":
+            raise ConfigError(f"config key '{key}': {algo} {refusal} (algorithms with {feature}: {able})")
+        if mode == "single":
             raise ConfigError(f"config key '{key}': only modes sync and async start Ray actors for {feature}")
 
 
-def _check_placement_amounts(cfg: Config) -> None:
+def _check_placement_amounts(placement: PlacementConfig) -> None:
     """Amounts Ray accepts: a positive number, at most 1 or whole (Ray refuses 1.5 of a resource)."""
     from distrl.runtime.ray_setup import ROLES
 
     for role in ROLES:
-        for name, amount in getattr(cfg.placement, role).items():
+        for name, amount in getattr(placement, role).items():
             ok = isinstance(amount, (int, float)) and not isinstance(amount, bool) and 0 < amount < 2**31
             if not ok or (amount > 1 and amount != int(amount)) or not isinstance(name, str) or not name:
                 # An unprintable name (a newline, say) appears as repr only: the error stays one line.
@@ -206,18 +208,19 @@ def _check_placement_amounts(cfg: Config) -> None:
                                   f"in (0, 1] or a whole number, got {name!r}: {amount!r}")
 
 
-def _check_multiagent_env(cfg: Config):
-    """Build the multi-agent env, reset it and take one step: its one-agent spec, or EnvError."""
+def _check_multiagent_env(env_cfg: EnvConfig):
+    """Build the multi-agent env of the `env` section, reset it and take one step: its one-agent spec, or
+    EnvError."""
     import numpy as np
 
     from distrl.core import EnvSpec
     from distrl.envs import EnvError
     from distrl.envs.multiagent import make_multiagent_env
 
-    if cfg.env.wrappers or cfg.env.preset != "none":
-        key = "env.wrappers" if cfg.env.wrappers else "env.preset"
+    if env_cfg.wrappers or env_cfg.preset != "none":
+        key = "env.wrappers" if env_cfg.wrappers else "env.preset"
         raise EnvError(f"config key '{key}': multi-agent envs take no gymnasium wrappers or preset")
-    env = make_multiagent_env(cfg.env.id, cfg.env.kwargs)
+    env = make_multiagent_env(env_cfg.id, env_cfg.kwargs)
     try:
         env.reset(seed=0)
         env.step(np.zeros(env.num_agents, np.int64))
@@ -225,7 +228,7 @@ def _check_multiagent_env(cfg: Config):
     except EnvError:
         raise
     except Exception as e:  # noqa: BLE001 - whatever the env raises, its config made it
-        raise EnvError(f"config key 'env.kwargs': {cfg.env.id} fails on reset or step: {' '.join(str(e).split())[:200]}") from None
+        raise EnvError(f"config key 'env.kwargs': {env_cfg.id} fails on reset or step: {' '.join(str(e).split())[:200]}") from None
     finally:
         env.close()
 
