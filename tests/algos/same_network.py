@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from distrl.models import as_input
+from distrl.models.numpy_run import ATOL, RTOL
 
 
 def _tensors(x):
@@ -30,7 +31,7 @@ def _assert_equal(out, ref, exact: bool, where="output"):
         if exact:
             np.testing.assert_array_equal(out, ref.detach().numpy(), err_msg=where)
         else:
-            np.testing.assert_allclose(out, ref.detach().numpy(), rtol=1e-5, atol=1e-6, err_msg=where)
+            np.testing.assert_allclose(out, ref.detach().numpy(), rtol=RTOL, atol=ATOL, err_msg=where)
         assert out.dtype == ref.detach().numpy().dtype, where
 
 

@@ -12,6 +12,7 @@ from distrl.algos.ppo import PPO
 from distrl.config import load_config
 from distrl.core import EnvSpec, Trajectory
 from distrl.envs import env_spec
+from distrl.models.numpy_run import ATOL, RTOL
 from distrl.roles.factory import make_algorithm
 from tests.algos.same_network import check_acts_with_the_learners_network
 
@@ -94,8 +95,8 @@ def test_the_policy_acts_with_the_learners_network(env_id, shared):
     stored = torch.as_tensor(extras.get("raw_action", a))
     with torch.no_grad():
         logp, _, value = learner.net.evaluate(torch.as_tensor(obs), stored)
-    np.testing.assert_allclose(extras["logp"], logp.numpy(), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(extras["value"], value.numpy(), rtol=1e-5, atol=1e-6)  # numpy program: float32 rounding
+    np.testing.assert_allclose(extras["logp"], logp.numpy(), rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(extras["value"], value.numpy(), rtol=RTOL, atol=ATOL)  # numpy program: float32 rounding
 
 
 def test_box_map_scales_and_clips():
@@ -146,7 +147,7 @@ def test_discrete_policy_greedy_is_argmax_and_sampling_is_seeded():
         dist, value = net(torch.as_tensor(obs))
     np.testing.assert_array_equal(a, dist.logp_all.argmax(1).numpy())
     # The same module and weights, run as its numpy program: the same floats within float32 rounding.
-    np.testing.assert_allclose(ex["value"], value.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(ex["value"], value.numpy(), rtol=RTOL, atol=ATOL)
     s1, _ = make_policy("CartPole-v1")[0].act(obs, explore=True)
     s2, _ = make_policy("CartPole-v1")[0].act(obs, explore=True)
     np.testing.assert_array_equal(s1, s2)

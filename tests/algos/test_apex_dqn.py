@@ -8,6 +8,7 @@ from distrl.algos.qlearning import epsilon_greedy, worker_epsilon
 from distrl.config import load_config
 from distrl.core import EnvSpec, Trajectory
 from distrl.envs import env_spec
+from distrl.models.numpy_run import ATOL, RTOL
 from distrl.replay import ReplayBuffer
 from distrl.roles.factory import make_algorithm
 from tests.algos.same_network import check_acts_with_the_learners_network
@@ -93,12 +94,12 @@ def test_the_policy_acts_with_the_learners_q_network(algo):
     with torch.no_grad():
         q = learner.q(torch.as_tensor(obs)).numpy()
     # Acting runs the network's numpy program: torch's values within float32 rounding.
-    np.testing.assert_allclose(policy.forward(obs, None)[0]["q"], q, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(policy.forward(obs, None)[0]["q"], q, rtol=RTOL, atol=ATOL)
     evaluator = algo.make_policy(-1, 2, 0)
     evaluator.set_weights(learner.get_weights(), 1)
     actions, extras = evaluator.act(obs, explore=True)  # the evaluator's epsilon is 0
     np.testing.assert_array_equal(actions, q.argmax(1))
-    np.testing.assert_allclose(extras["q"], q, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(extras["q"], q, rtol=RTOL, atol=ATOL)
 
 
 def test_worker_priorities_are_abs_td_under_own_q(algo):
@@ -126,7 +127,7 @@ def test_worker_priorities_are_abs_td_under_own_q(algo):
     disc = np.full(T * E, 0.9, np.float32)
     disc[1] = 0.0  # env 1 terminated at t=0
     expected = np.abs(traj.rewards.reshape(-1) + disc * q_next - q_taken)
-    np.testing.assert_allclose(prios, expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(prios, expected, rtol=RTOL, atol=ATOL)
     np.testing.assert_allclose(items["discounts"], disc)
 
 
@@ -171,7 +172,7 @@ def test_frames_stored_once_sample_the_stacks_the_env_emitted(padding):
         want, want_prios = reference.postprocess(traj)
         T, E = traj.rewards.shape
         order = np.arange(T * E).reshape(T, E).T.ravel()  # framed items come env by env
-        np.testing.assert_allclose(prios, want_prios[order], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(prios, want_prios[order], rtol=RTOL, atol=ATOL)
         uid = len(naive) + np.arange(T * E)
         naive.update({int(u): {n: want[n][j] for n in ("obs", "next_obs", "rewards", "discounts")}
                       for u, j in zip(uid, order)})

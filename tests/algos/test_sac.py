@@ -10,6 +10,7 @@ from distrl.algos.common import BoxScaler as ActionScaler
 from distrl.algos.sac import SAC, Actor, critic_target, log_std_from_tanh, squashed_sample, temperature_loss
 from distrl.config import config_class
 from distrl.core import EnvSpec, Trajectory
+from distrl.models.numpy_run import ATOL, RTOL
 from tests.algos.same_network import check_acts_with_the_learners_network
 
 PENDULUM = EnvSpec(gym.spaces.Box(-np.inf, np.inf, (3,), np.float32),
@@ -175,7 +176,7 @@ def test_greedy_actions_deterministic_and_evaluator_never_random():
     np.testing.assert_array_equal(a1, a2)
     with torch.no_grad():
         mean, _ = learner.actor(torch.as_tensor(obs))
-    np.testing.assert_allclose(a1, 2.0 * np.tanh(mean.numpy()), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(a1, 2.0 * np.tanh(mean.numpy()), rtol=RTOL, atol=ATOL)
 
 
 def test_the_policy_acts_with_the_learners_actor():
@@ -193,8 +194,8 @@ def test_the_policy_acts_with_the_learners_actor():
         ref_mean, ref_log_std = learner.actor(torch.as_tensor(obs))
     assert state is None
     # Acting runs the network's numpy program: torch's values within float32 rounding.
-    np.testing.assert_allclose(out["mean"], ref_mean.numpy(), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(out["log_std"], ref_log_std.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out["mean"], ref_mean.numpy(), rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(out["log_std"], ref_log_std.numpy(), rtol=RTOL, atol=ATOL)
     assert out["log_std"].min() >= -5.0 and out["log_std"].max() <= 2.0
 
 

@@ -14,7 +14,7 @@ from distrl.config import load_config
 from distrl.core import EnvSpec
 from distrl.envs import env_spec
 from distrl.models import numpy_run
-from distrl.models.numpy_run import numpy_program
+from distrl.models.numpy_run import ATOL, RTOL, numpy_program
 from distrl.roles.factory import make_algorithm
 
 FEEDFORWARD = [  # (algo, env, overrides, the method its policy acts through)
@@ -64,7 +64,7 @@ def assert_close(out, ref):
     else:
         ref = ref.detach().numpy()
         assert isinstance(out, np.ndarray) and out.dtype == ref.dtype and out.shape == ref.shape
-        np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(out, ref, rtol=RTOL, atol=ATOL)
 
 
 def torch_outputs(policy, method, obs):
@@ -153,4 +153,4 @@ def test_uint8_inputs_are_scaled_as_the_torso_scales_them():
     program = numpy_program(net, "forward", x)
     assert program is not None
     with torch.no_grad():
-        np.testing.assert_allclose(program(x), net(torch.as_tensor(x)).numpy(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(program(x), net(torch.as_tensor(x)).numpy(), rtol=RTOL, atol=ATOL)
