@@ -2,7 +2,7 @@
 
 On one torch thread, as every role runs.
 
-    python -m bench.micro [--reps 7] [--families q_learning actor_critic ...]
+    python -m bench.micro [--reps 7] [--families q_learning actor_critic ...] [--set KEY=VALUE ...]
 
 Every network is a torch module built by the torso factory, the same for the learner, the workers and
 the evaluator, so there is one acting path to time. For each family, from one shipped config:
@@ -41,6 +41,7 @@ FAMILIES = {  # family -> a shipped config of it
     "actor_critic": "ppo_lunarlander.yaml",
     "vtrace": "impala_lunarlander.yaml",
     "sac": "sac_lunarlander_continuous.yaml",
+    "pixels": "apex_dqn_atari_breakout.yaml",  # the Nature CNN on 84x84x4 uint8 frames
 }
 
 
@@ -74,14 +75,15 @@ def filled_block(cfg, algo, learner):
     raise RuntimeError(f"{cfg.algo}: the store never filled one batch")
 
 
-def family_costs(config: str, reps: int) -> dict:
-    cfg = load_config(os.path.join(ROOT, "configs", config))
+def family_costs(config: str, reps: int, overrides: list[str]) -> dict:
+    cfg = load_config(os.path.join(ROOT, "configs", config), overrides)
     algo = make_algorithm(cfg)
     learner = algo.make_learner("cpu")
     policy = algo.make_policy(0, 1, policy_seed(cfg.seed, 0))
     policy.set_weights(learner.get_weights(), 0)
     policy.observe_steps(10**9)  # SAC: past its uniform-random warm-up
-    envs = make_vector_env(cfg.env.id, cfg.env.num_envs, cfg.seed, cfg.env.kwargs, type(algo).multi_agent)
+    envs = make_vector_env(cfg.env.id, cfg.env.num_envs, cfg.seed, cfg.env.kwargs, type(algo).multi_agent,
+                           wrappers=cfg.env.wrappers, preset=cfg.env.preset)
     obs = envs.obs
     envs.close()
     act_us = median_us(lambda: policy.act(obs, True), 500, reps)
@@ -99,9 +101,12 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--families", nargs="+", choices=sorted(FAMILIES), default=list(FAMILIES))
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "micro.json"))
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config override for every family (model.torso=impala, say)")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    results = {"hardware": hardware(), "families": {f: family_costs(FAMILIES[f], args.reps) for f in args.families}}
+    results = {"hardware": hardware(), "overrides": args.overrides,
+               "families": {f: family_costs(FAMILIES[f], args.reps, args.overrides) for f in args.families}}
     write_json(args.out, results)
 
 

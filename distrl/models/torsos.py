@@ -25,6 +25,7 @@ from torch import nn
 ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "elu": nn.ELU, "gelu": nn.GELU, "silu": nn.SiLU}
 IMAGE_TORSOS = ("minatar", "nature", "impala", "conv3x3")
 STANDARD_FEATURES = {"minatar": 128, "nature": 512, "impala": 256}
+NHWC_TORSOS = ("nature", "impala")
 
 
 class InputScale(nn.Module):
@@ -84,18 +85,23 @@ def image_layout(shape: tuple, channels: str = "auto") -> str:
 
 
 class ImageInput(nn.Module):
-    """Scales an image batch and puts its channels first, as torch's convs want them."""
+    """Scales an image batch and puts its channels first, as torch's convs want them. With `nhwc` the
+    batch is channels last in memory (shape (B, C, H, W), strides of (B, H, W, C)), whatever the env's layout."""
 
-    def __init__(self, space: spaces.Box, channels: str = "auto"):
+    def __init__(self, space: spaces.Box, channels: str = "auto", nhwc: bool = False):
         super().__init__()
         self.scale = InputScale(space.dtype)
         self.channels_last = image_layout(tuple(space.shape), channels) == "last"
+        self.nhwc = nhwc
         a, b, c = (int(n) for n in space.shape)
         self.chw = (c, a, b) if self.channels_last else (a, b, c)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        x = self.scale(obs)
-        return x.permute(0, 3, 1, 2) if self.channels_last else x
+        if self.channels_last:
+            x = obs.permute(0, 3, 1, 2)  # channels last in memory already
+        else:  # reordered before scaling: uint8 frames are 4x fewer bytes to move
+            x = obs.contiguous(memory_format=torch.channels_last) if self.nhwc else obs
+        return self.scale(x)
 
 
 def conv_out(module: nn.Module, chw: tuple) -> int:
@@ -105,11 +111,13 @@ def conv_out(module: nn.Module, chw: tuple) -> int:
 
 
 class ConvTorso(nn.Module):
-    """An image input, a conv stack, flatten, and optionally a Linear + ReLU to `features`."""
+    """An image input, a conv stack, flatten, and optionally a Linear + ReLU to `features` (`nhwc`: see
+    ImageInput)."""
 
-    def __init__(self, space: spaces.Box, convs: nn.Module, features: int | None, channels: str = "auto"):
+    def __init__(self, space: spaces.Box, convs: nn.Module, features: int | None, channels: str = "auto",
+                 nhwc: bool = False):
         super().__init__()
-        self.input = ImageInput(space, channels)
+        self.input = ImageInput(space, channels, nhwc)
         self.convs = convs
         flat = conv_out(convs, self.input.chw)
         self.fc = nn.Sequential(nn.Linear(flat, features), nn.ReLU()) if features else None
@@ -157,7 +165,11 @@ def conv_stack(kind: str, in_channels: int, conv_channels: list[int]) -> nn.Sequ
 def image_torso(kind: str, space: spaces.Box, model) -> ConvTorso:
     c = ImageInput(space, model.channels).chw[0]
     features = model.features or STANDARD_FEATURES.get(kind)
-    return ConvTorso(space, conv_stack(kind, c, list(model.conv_channels)), features, model.channels)
+    # oneDNN's convolutions over large frames run faster channels last in memory on CPU (bench/RESULTS.md,
+    # hot paths: an Ape-X update 1.17x with the Nature CNN, 1.6x with the IMPALA ResNet); over DHC's small
+    # views they run slower.
+    return ConvTorso(space, conv_stack(kind, c, list(model.conv_channels)), features, model.channels,
+                     nhwc=kind in NHWC_TORSOS)
 
 
 def is_image(space) -> bool:

@@ -84,6 +84,29 @@ def test_bool_observations_become_zeros_and_ones():
     np.testing.assert_array_equal(torso(torch.as_tensor(obs)).numpy(), [[1.0, 0.0, 1.0, 1.0]])
 
 
+
+@pytest.mark.parametrize("kind, shape, nhwc", [("nature", (4, 36, 36), True), ("impala", (3, 12, 12), True),
+                                               ("nature", (36, 36, 4), True), ("conv3x3", (7, 9, 9), False),
+                                               ("minatar", (10, 10, 4), True)])
+def test_large_frame_torsos_convolve_channels_last_in_memory_with_the_same_outputs(kind, shape, nhwc):
+    """Nature and IMPALA convolve a (B, C, H, W) batch laid out channels last (oneDNN's fast layout on CPU);
+    DHC's 3x3 views stay channels first (slower that way round); an HWC env's frames are channels last
+    already. The layout changes no output beyond float32 rounding."""
+    space = image_space(shape, np.uint8)
+    torso = make_torso(space, ModelConfig(torso=kind, conv_channels=[4]))
+    seen = []
+    first_conv = next(m for m in torso.convs.modules() if isinstance(m, torch.nn.Conv2d))
+    first_conv.register_forward_pre_hook(lambda m, args: seen.append(args[0]))
+    frames = torch.as_tensor(batch(space))
+    with torch.no_grad():
+        out = torso(frames)
+        x = seen[0]
+        assert x.shape == (B, *torso.input.chw)
+        assert x.is_contiguous(memory_format=torch.channels_last) == nhwc
+        plain = torso.convs(x.contiguous()).flatten(1)  # the same batch, channels first in memory
+        ref = torso.fc(plain) if torso.fc is not None else plain
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
 @pytest.mark.parametrize("shape, layout", [((4, 84, 84), "first"), ((84, 84, 4), "last"), ((10, 10, 4), "last"),
                                            ((7, 9, 9), "first"), ((10, 10, 10), "last")])
 def test_image_layout_finds_the_channel_axis(shape, layout):
