@@ -91,8 +91,8 @@ class ImageInput(nn.Module):
     def __init__(self, space: spaces.Box, channels: str = "auto", nhwc: bool = False):
         super().__init__()
         self.scale = InputScale(space.dtype)
-        self.channels_last = image_layout(tuple(space.shape), channels) == "last"
-        self.nhwc = nhwc
+        self.channels_last = image_layout(tuple(space.shape), channels) == "last"  # the env's (H, W, C) frames
+        self.nhwc = nhwc  # the memory layout handed to the convs
         a, b, c = (int(n) for n in space.shape)
         self.chw = (c, a, b) if self.channels_last else (a, b, c)
 
