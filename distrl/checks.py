@@ -82,14 +82,14 @@ def _check_replay(cfg: Config, spec, on_this_machine: bool, memory: int | None =
     from distrl.registry import algorithm
     from distrl.replay.rate_limiter import RateLimiter
     from distrl.replay.sizing import flat_item_bytes, sequence_step_bytes
-    from distrl.runtime.pacing import error_buffer
+    from distrl.runtime.pacing import pacing
 
     r, batch = cfg.replay, cfg.learner.batch_size
     if r.min_size > r.capacity:
         raise ConfigError("config key 'replay.min_size': larger than replay.capacity, learning would never start")
     if batch > r.capacity:
         raise ConfigError(f"config key 'learner.batch_size': {batch} is larger than replay.capacity ({r.capacity})")
-    if not RateLimiter.deadlock_free(r.samples_per_insert, error_buffer(cfg), batch):
+    if not RateLimiter.deadlock_free(r.samples_per_insert, pacing(cfg).error_buffer, batch):
         least = RateLimiter.smallest_error_buffer(r.samples_per_insert, batch)
         raise ConfigError(f"config key 'replay.error_buffer': {r.error_buffer:g} is too small: with "
                           f"replay.samples_per_insert={r.samples_per_insert:g} and learner.batch_size={batch} the "

@@ -16,7 +16,7 @@ from distrl.observe import MetricsLogger
 from distrl.observe.trace import tracer
 from distrl.observe.trace_segments import write_run_trace
 from distrl.registry import on_policy
-from distrl.runtime.pacing import fragments_per_update, make_rate_limiter
+from distrl.runtime.pacing import pacing
 from distrl.roles.evaluation import rank, save_best, saved_rank
 from distrl.runtime.counters import Counters, note_restarts
 from distrl.runtime.rows import metrics_row, run_summary
@@ -60,7 +60,7 @@ class Driver:
         self.on_policy = on_policy(cfg.algo)
         self.offline = cfg.data.dataset is not None  # the replay holds a dataset: no workers, no rate limiter
         self.distributed = cfg.mode != "single"  # its gathers wait on other processes
-        self.fpu = fragments_per_update(cfg)
+        self.pacing = pacing(cfg)
         self.last_eval_submit = 0.0
         self.learner_starved = False
         self.last_eval_steps = self.c.env_steps
@@ -78,8 +78,8 @@ class Driver:
         if self.offline:  # as many as a learner call takes: the data never runs out
             return 4 * self.cfg.learner.batches_per_call - inflight
         if self.on_policy:  # each fragment is used exactly once
-            return self.c.fragments // self.fpu - self.c.consumed - inflight
-        limiter = make_rate_limiter(self.cfg, self.c.inserts, self.c.samples, exact)
+            return self.c.fragments // self.pacing.fragments_per_update - self.c.consumed - inflight
+        limiter = self.pacing.rate_limiter(self.c.inserts, self.c.samples, exact)
         return limiter.sample_allowance() // self.cfg.learner.batch_size - inflight
 
     def sampling_allowed(self) -> bool:
@@ -87,10 +87,10 @@ class Driver:
         if self.offline:
             return False
         if self.on_policy:
-            return self.c.fragments - self.c.consumed * self.fpu < self.cfg.queue.capacity
+            return self.c.fragments - self.c.consumed * self.pacing.fragments_per_update < self.cfg.queue.capacity
         # Room for one more item is enough: a gather then overshoots by at most its own size, and asking
         # for room for a whole burst of items could exceed what the buffer ever frees (a deadlock).
-        limiter = make_rate_limiter(self.cfg, self.c.inserts, self.c.samples)
+        limiter = self.pacing.rate_limiter(self.c.inserts, self.c.samples)
         return self.learner_starved or limiter.can_insert(1)
 
     def _tick(self, workers_held: bool, learner_held: bool) -> None:

@@ -19,35 +19,43 @@ def sequence_length(sequence, n_step: int) -> int:
     return sequence.burn_in + sequence.length + n_step
 
 
-def items_per_gather(cfg: Config) -> int:
-    """Items one gather is expected to insert: every worker's fragment in sync mode, about one otherwise."""
-    frag = cfg.rollout.fragment_length * cfg.env.num_envs
-    if algorithm(cfg.algo).data_path == "sequence":
-        frag = -(-frag // cfg.sequence.period)
-    return frag * (cfg.workers if cfg.mode == "sync" else 1)
+@dataclass(frozen=True)
+class Pacing:
+    """The run-mode decisions about data, made once from the config by `pacing(cfg)`: the driver, its
+    rows and the pre-run checks read them here."""
+
+    items_per_gather: int  # items one gather is expected to insert: every worker's fragment in sync mode
+    fragments_per_update: int  # on-policy batch size in fragments
+    samples_per_insert: float | None  # replay.samples_per_insert (None without a replay)
+    min_size: int | None  # replay.min_size (None without a replay)
+    error_buffer: float | None  # the rate limiter's buffer (None without a replay)
+
+    def rate_limiter(self, inserts: int = 0, samples: int = 0, exact: bool = False) -> RateLimiter:
+        """The run's limiter at these counts; `exact` drops the buffer (for ending a run on the ratio)."""
+        buffer = 0.0 if exact else self.error_buffer
+        return RateLimiter(self.samples_per_insert, self.min_size, buffer, inserts, samples)
 
 
-def error_buffer(cfg: Config) -> float:
-    """The rate limiter's buffer: the config's, or one gather of inserts plus one learner block."""
-    if cfg.replay.error_buffer is not None:
-        return cfg.replay.error_buffer
-    lc = cfg.learner
-    return cfg.replay.samples_per_insert * items_per_gather(cfg) + lc.batch_size * lc.batches_per_call
-
-
-def make_rate_limiter(cfg: Config, inserts: int = 0, samples: int = 0, exact: bool = False) -> RateLimiter:
-    """The run's limiter at these counts; `exact` drops the buffer (for ending a run on the ratio)."""
-    r = cfg.replay
-    return RateLimiter(r.samples_per_insert, r.min_size, 0.0 if exact else error_buffer(cfg), inserts, samples)
-
-
-def fragments_per_update(cfg: Config) -> int:
-    """On-policy batch size in fragments: one per worker unless the config says otherwise."""
-    if algorithm(cfg.algo).data_path == "gradients":
-        return 1  # each gradient message is applied on its own
-    if cfg.learner.fragments_per_update:
-        return cfg.learner.fragments_per_update
-    return 1 if cfg.mode == "single" else cfg.workers
+def pacing(cfg: Config) -> Pacing:
+    """The run's pacing. A gather inserts every worker's fragment in sync mode and about one otherwise (in
+    sequences for sequence replay); the limiter's buffer is the config's, or one gather of inserts plus one
+    learner block; an on-policy update takes one fragment per worker unless the config says otherwise (a
+    gradient message is applied on its own)."""
+    path, lc = algorithm(cfg.algo).data_path, cfg.learner
+    gather = cfg.rollout.fragment_length * cfg.env.num_envs
+    if path == "sequence":
+        gather = -(-gather // cfg.sequence.period)
+    gather *= cfg.workers if cfg.mode == "sync" else 1
+    if path == "gradients":
+        fragments = 1
+    else:
+        fragments = lc.fragments_per_update or (1 if cfg.mode == "single" else cfg.workers)
+    r = cfg.replay if path in ("replay", "sequence") else None
+    if r is None:
+        return Pacing(gather, fragments, None, None, None)
+    buffer = r.error_buffer if r.error_buffer is not None else \
+        r.samples_per_insert * gather + lc.batch_size * lc.batches_per_call
+    return Pacing(gather, fragments, r.samples_per_insert, r.min_size, buffer)
 
 
 @dataclass(frozen=True)
@@ -69,7 +77,7 @@ def experience_spec(cfg: Config) -> ExperienceSpec:
     lc = cfg.learner
     return ExperienceSpec(path, cfg.replay if replayed else None, 0 if replayed else cfg.queue.capacity,
                           sequence_length(cfg.sequence, cfg.algo_config.n_step) if path == "sequence" else 0, cfg.seed,
-                          Take(lc.batch_size, lc.batches_per_call, fragments_per_update(cfg)))
+                          Take(lc.batch_size, lc.batches_per_call, pacing(cfg).fragments_per_update))
 
 
 def make_experience(spec: ExperienceSpec, offline: Config | None = None) -> ExperienceServer:

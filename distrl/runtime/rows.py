@@ -6,7 +6,6 @@ import time
 import numpy as np
 
 from distrl.core import NONFINITE
-from distrl.runtime.pacing import make_rate_limiter
 
 
 def _mean(xs) -> float | None:
@@ -46,7 +45,7 @@ def rate_summary(d, wall: float) -> dict:
            "workers_blocked_frac": round(c.workers_blocked_s / max(wall, 1e-9), 3),
            "learner_blocked_frac": round(c.learner_blocked_s / max(wall, 1e-9), 3)}
     if not d.on_policy and not d.offline:
-        limiter = make_rate_limiter(d.cfg, c.inserts, c.samples)
+        limiter = d.pacing.rate_limiter(c.inserts, c.samples)
         ratio = limiter.observed_ratio()
         out.update(inserts=c.inserts, samples=c.samples, samples_per_insert=d.cfg.replay.samples_per_insert,
                    samples_per_insert_observed=None if ratio is None else round(ratio, 3),

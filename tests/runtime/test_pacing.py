@@ -13,8 +13,7 @@ from distrl.replay import ReplayBuffer
 from distrl.replay.fifo import FragmentQueue
 from distrl.replay.rate_limiter import RateLimiter
 from distrl.replay.sequence_replay import SequenceReplay
-from distrl.runtime.pacing import (error_buffer, experience_spec, fragments_per_update, items_per_gather, learner_loop,
-                                   make_experience, make_rate_limiter, sequence_length)
+from distrl.runtime.pacing import experience_spec, learner_loop, make_experience, pacing, sequence_length
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -29,32 +28,32 @@ def experience(name: str, *overrides: str):
 
 def test_the_default_buffer_is_one_gather_of_inserts_plus_one_learner_block_and_deadlock_free():
     cfg = config("apex_dqn_cartpole.yaml", "mode=sync", "workers=3")
-    assert items_per_gather(cfg) == 3 * 16 * 16
-    e = error_buffer(cfg)
+    assert pacing(cfg).items_per_gather == 3 * 16 * 16
+    e = pacing(cfg).error_buffer
     assert e == 16 * 3 * 256 + 512 * 8
     assert RateLimiter.deadlock_free(16, e, cfg.learner.batch_size)
-    assert make_rate_limiter(cfg, exact=True).error_buffer == 0.0
-    assert error_buffer(config("apex_dqn_cartpole.yaml", "replay.error_buffer=123")) == 123
+    assert pacing(cfg).rate_limiter(exact=True).error_buffer == 0.0
+    assert pacing(config("apex_dqn_cartpole.yaml", "replay.error_buffer=123")).error_buffer == 123
 
 
 @pytest.mark.parametrize("mode", ["single", "async"])
 def test_one_fragment_per_gather_outside_sync(mode):
     cfg = config("sac_lunarlander_continuous.yaml", f"mode={mode}")
-    assert items_per_gather(cfg) == cfg.rollout.fragment_length * cfg.env.num_envs
+    assert pacing(cfg).items_per_gather == cfg.rollout.fragment_length * cfg.env.num_envs
 
 
 def test_a_sequence_gather_counts_sequences_and_a_sequence_is_burn_in_trained_and_bootstrap_steps():
     cfg = config("r2d2_repeat_previous.yaml", "mode=sync", "workers=2", "rollout.fragment_length=20",
                  "env.num_envs=3", "sequence.period=8", "sequence.burn_in=4", "sequence.length=10", "r2d2.n_step=5")
-    assert items_per_gather(cfg) == 2 * -(-20 * 3 // 8)  # one sequence starts every `period` steps, rounded up
+    assert pacing(cfg).items_per_gather == 2 * -(-20 * 3 // 8)  # one sequence starts every `period` steps, rounded up
     assert sequence_length(cfg.sequence, cfg.algo_config.n_step) == 4 + 10 + 5
 
 
 def test_a_limiter_resumes_from_its_counts():
     cfg = config("apex_dqn_cartpole.yaml")
-    lim = make_rate_limiter(cfg, inserts=5000, samples=700)
+    lim = pacing(cfg).rate_limiter(inserts=5000, samples=700)
     assert (lim.inserts, lim.samples, lim.min_size) == (5000, 700, cfg.replay.min_size)
-    assert lim.samples_per_insert == cfg.replay.samples_per_insert and lim.error_buffer == error_buffer(cfg)
+    assert lim.samples_per_insert == cfg.replay.samples_per_insert and lim.error_buffer == pacing(cfg).error_buffer
 
 
 @pytest.mark.parametrize("name, overrides, fragments", [
@@ -64,7 +63,7 @@ def test_a_limiter_resumes_from_its_counts():
     ("a3c_cartpole.yaml", ["mode=async", "workers=3", "learner.fragments_per_update=5"], 1),  # a gradient each
 ])
 def test_an_on_policy_update_takes_a_fragment_per_worker_unless_told(name, overrides, fragments):
-    assert fragments_per_update(config(name, *overrides)) == fragments
+    assert pacing(config(name, *overrides)).fragments_per_update == fragments
 
 
 def test_each_data_path_gets_its_store_sized_by_its_sections():
