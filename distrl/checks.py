@@ -71,9 +71,10 @@ def validate(cfg: Config, address: str | None = None, resuming: bool = False) ->
     check_outputs(cfg.log, cfg.eval, cfg.env, algo.multi_agent)
     if cfg.mode != "single":  # single mode starts no Ray: placement does not apply
         _check_placement_amounts(cfg.placement)
-        from distrl.runtime.ray_setup import check_placement
+        from distrl.runtime.ray_setup import check_placement, roster, user_modules
 
-        check_placement(cfg, address)  # last: it joins (or starts) the Ray the run will use
+        # Last: it joins (or starts) the Ray the run will use.
+        check_placement(roster(cfg, bool(address)), address, user_modules(cfg.model))
 
 
 def _check_replay(cfg: Config, spec, on_this_machine: bool, memory: int | None = None) -> None:

@@ -9,6 +9,7 @@ import socket
 import sys
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import ray
 from ray.exceptions import ActorUnavailableError, AuthenticationError, GetTimeoutError, RayActorError
@@ -149,15 +150,27 @@ def role_resources(placement, central_inference: bool, clustered: bool, device: 
             for role in ROLES}
 
 
-def role_count(cfg, role: str) -> int:
-    """Actors of `role` a run starts."""
-    if role == "gradient_workers":
-        return cfg.learner.num_gradient_workers if cfg.learner.num_gradient_workers > 1 else 0
-    if role == "inference":
-        return int(cfg.rollout.inference == "central")
-    if role == "workers":
-        return 0 if cfg.data.dataset else cfg.workers  # an offline run's replay holds its dataset: no workers
-    return 1
+@dataclass(frozen=True)
+class Roster:
+    """The actors a run starts: how many of each role, what one of each asks Ray for, and the device the
+    learner (and a central inference server) run on."""
+
+    counts: dict[str, int]
+    resources: dict[str, dict[str, float]]
+    device: str
+
+
+def roster(cfg, clustered: bool) -> Roster:
+    """The run's roster: the one place that reads its learner, rollout, data, workers, placement and device
+    together (`clustered`: on a cluster, where workers and the learner reserve a CPU each)."""
+    from distrl.roles.factory import resolve_device
+
+    counts = dict.fromkeys(ROLES, 1)
+    counts["gradient_workers"] = cfg.learner.num_gradient_workers if cfg.learner.num_gradient_workers > 1 else 0
+    counts["inference"] = int(cfg.rollout.inference == "central")
+    counts["workers"] = 0 if cfg.data.dataset else cfg.workers  # an offline run's replay holds its dataset
+    device = resolve_device(cfg.device)
+    return Roster(counts, role_resources(cfg.placement, bool(counts["inference"]), clustered, device), device)
 
 
 def actor_options(resources: dict[str, float]) -> dict:
@@ -249,23 +262,20 @@ def in_bundle(group, index: int) -> dict:
     return {"scheduling_strategy": PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index)}
 
 
-def check_placement(cfg, address: str | None) -> None:
+def check_placement(roster: Roster, address: str | None, modules: list | None = None) -> None:
     """ConfigError naming the role and the resources when the cluster cannot host a role's actors (no
     node offers enough of a resource, no one node offers all that one actor asks for together, or all
     the roles together need more than the cluster has): Ray itself would leave such an actor pending
-    for ever. Joins (or starts) the Ray the run will use."""
-    from distrl.roles.factory import resolve_device
-
-    wanted = role_resources(cfg.placement, bool(role_count(cfg, "inference")), bool(address),
-                            resolve_device(cfg.device))
+    for ever. Joins (or starts) the Ray the run will use (shipping the user's `modules` to a cluster)."""
+    wanted = roster.resources
     if not address and not any(v > 0 for res in wanted.values() for v in res.values()):
         return  # embedded and asking for nothing: no need to start Ray to know it fits
-    init_ray(address, user_modules(cfg.model))
+    init_ray(address, modules)
     nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
     where = f"the cluster at {address}" if address else "the embedded Ray (no --address)"
     needed: dict[str, float] = {}
     for role in ROLES:
-        count, asks = role_count(cfg, role), {k: v for k, v in wanted[role].items() if v > 0}
+        count, asks = roster.counts[role], {k: v for k, v in wanted[role].items() if v > 0}
         if not count:
             continue  # the role starts no actor in this run: its placement is not used
         for name, amount in asks.items():

@@ -11,12 +11,12 @@ from __future__ import annotations
 import pickle
 
 from distrl.config import ConfigError, to_dict
-from distrl.roles.factory import resolve_device, trace_settings
+from distrl.roles.factory import trace_settings
 from distrl.runtime.actors import Evaluator, GradientWorker, Learner, ParameterServer, ReplayServer, RolloutWorker
 from distrl.runtime.inference import InferenceServer
 from distrl.runtime.pacing import experience_spec
-from distrl.runtime.ray_setup import (actor_options, heap_runtime_env, in_bundle, next_to, pack_group, role_count,
-                                     role_resources, spread_group)
+from distrl.runtime.ray_setup import (Roster, actor_options, heap_runtime_env, in_bundle, next_to, pack_group, roster,
+                                     spread_group)
 from distrl.runtime.watch import RoleWatch
 from distrl.runtime.workers import WorkerPool
 
@@ -35,13 +35,13 @@ def restartable(*args) -> tuple:
 
 def start_roles(roles, cfg, start_time: float, address: str | None, eval_resume: dict | None, run: str) -> None:
     """Create the run's actors on `roles` (a RayRoles), its RoleWatch and WorkerPool."""
-    d, f, heap_env, device = to_dict(cfg), cfg.fault, heap_runtime_env(), resolve_device(cfg.device)
-    wanted = role_resources(cfg.placement, bool(role_count(cfg, "inference")), bool(address), device)
+    d, f, heap_env, plan = to_dict(cfg), cfg.fault, heap_runtime_env(), roster(cfg, bool(address))
+    wanted, device = plan.resources, plan.device
     place = {name: actor_options(res) for name, res in wanted.items()}
     role = {"max_restarts": f.max_role_restarts, "max_task_retries": 0}
     names = {"ps": f"{run}-parameter-server", "replay": f"{run}-replay",
              "inference": f"{run}-inference", "grads": [f"{run}-gradient-worker-{i}"
-                                                         for i in range(role_count(cfg, "gradient_workers"))]}
+                                                         for i in range(plan.counts["gradient_workers"])]}
     # Gradient workers are spread over the nodes (one bundle each of a placement group, one per node where
     # enough nodes fit them): their point is more cores for the learner's arithmetic. A gradient call is pure,
     # so Ray may retry it on a restarted worker.
@@ -66,7 +66,7 @@ def start_roles(roles, cfg, start_time: float, address: str | None, eval_resume:
     # Its calls are retried on a restarted server, which pulls the weights again before it answers.
     roles.inference = [InferenceServer.options(name=names["inference"], **place["inference"],
                                                max_restarts=f.max_role_restarts, max_task_retries=-1).remote(
-        *restartable(d, names["ps"], cfg.workers, device)) for _ in range(role_count(cfg, "inference"))]
+        *restartable(d, names["ps"], cfg.workers, device)) for _ in range(plan.counts["inference"])]
     watched = {"learner": roles.learner, "replay": roles.replay, "parameter_server": roles.ps,
                "evaluator": roles.evaluator, **{"inference": s for s in roles.inference},
                **{f"gradient_worker_{i}": g for i, g in enumerate(roles.gradient_workers)}}
@@ -77,24 +77,24 @@ def start_roles(roles, cfg, start_time: float, address: str | None, eval_resume:
     roles.watch = RoleWatch(watched, roles.table, f.role_timeout_s)
     if address:  # the roles hold their CPUs before workers ask: a worker on the learner's node could take them
         roles._wait_for_roles()
-    _start_workers(roles, cfg, wanted, place, d, names)
+    _start_workers(roles, cfg, plan, place, d, names)
     if not address:  # embedded, no role reserves a CPU: workers start alongside the roles
         roles._wait_for_roles()
 
 
-def _start_workers(roles, cfg, wanted: dict, place: dict, d: dict, names: dict) -> None:
+def _start_workers(roles, cfg, plan: Roster, place: dict, d: dict, names: dict) -> None:
     """A dead worker is restarted by Ray with the same constructor args and options (so the same placement)
     and re-syncs its weights on its first sample; its in-flight fragment is lost and counted by the driver.
     Spreading uses Ray's SPREAD strategy rather than a placement group: it is one option per actor that Ray
     applies again on a restart, while a group reserves every bundle up front, has to be re-placed after a
     node loss, and must be removed at the end."""
     f, strategy = cfg.fault, cfg.placement.workers_strategy  # pack needs a group: Ray has no per-actor PACK
-    n = role_count(cfg, "workers")
-    roles.worker_group = pack_group(wanted["workers"], n, f.role_timeout_s) if strategy == "pack" and n else None
+    n, asks = plan.counts["workers"], plan.resources["workers"]
+    roles.worker_group = pack_group(asks, n, f.role_timeout_s) if strategy == "pack" and n else None
     spread = {"scheduling_strategy": "SPREAD"} if strategy == "spread" else {}
     where = [in_bundle(roles.worker_group, i) if roles.worker_group else spread for i in range(n)]
     inference = [names["inference"]] if roles.inference else []
     workers = [RolloutWorker.options(**place["workers"], **where[i], max_restarts=f.max_worker_restarts + 1,
                                      max_task_retries=0).remote(*restartable(d, i, n, names["ps"], *inference))
                for i in range(n)]
-    roles.pool = WorkerPool(workers, cfg, roles.table)
+    roles.pool = WorkerPool(workers, f, None if cfg.mode == "sync" else cfg.async_.window_s, roles.table)

@@ -22,7 +22,7 @@ import yaml
 from distrl.checkpoint.files import fresh_dir
 from distrl.config import ConfigError, from_dict, to_dict
 from distrl.config.parse import FLOAT_TEXT
-from distrl.runtime.ray_setup import ROLES, role_count, role_resources
+from distrl.runtime.ray_setup import ROLES, Roster, roster
 from distrl.runtime.tune_table import sweep_table, write_table
 
 SPEC_FILE, TUNE_DIR = "sweep.json", "tune"
@@ -121,7 +121,7 @@ def _apply(config: dict, overrides: list[str]) -> dict:
     return apply_overrides(json.loads(json.dumps(config)), overrides)
 
 
-def trial_resources(cfg, address: str | None, cluster_cpus: float):
+def trial_resources(mode: str, roster: Roster, address: str | None, cluster_cpus: float):
     """What one trial asks Tune for: one CPU for a single-mode trial (its process trains; + a GPU for a cuda
     learner); for sync and async one CPU for the trial's driver and learner and one per worker. Embedded,
     the run's actors ask Ray for nothing, so this only paces the trials, and at most the machine's CPUs are
@@ -129,23 +129,19 @@ def trial_resources(cfg, address: str | None, cluster_cpus: float):
     their `placement`), and a trial the cluster cannot hold is a ConfigError."""
     from ray import tune
 
-    from distrl.roles.factory import resolve_device
-
-    device = resolve_device(cfg.device)
-    gpu = {"GPU": 1.0} if device.startswith("cuda") else {}
-    if cfg.mode == "single":
+    gpu = {"GPU": 1.0} if roster.device.startswith("cuda") else {}
+    if mode == "single":
         return tune.PlacementGroupFactory([{"CPU": 1.0, **gpu}])
     if not address:
-        return tune.PlacementGroupFactory([{"CPU": float(min(role_count(cfg, "workers") + 1, cluster_cpus)), **gpu}])
-    wanted = role_resources(cfg.placement, bool(role_count(cfg, "inference")), True, device)
+        return tune.PlacementGroupFactory([{"CPU": float(min(roster.counts["workers"] + 1, cluster_cpus)), **gpu}])
     bundles = [{"CPU": 1.0}]  # the trial's driver
     for role in ROLES:
-        asks = {k: v for k, v in wanted[role].items() if v > 0}
-        bundles += [asks] * role_count(cfg, role) if asks else []
+        asks = {k: v for k, v in roster.resources[role].items() if v > 0}
+        bundles += [asks] * roster.counts[role] if asks else []
     cpus = sum(b.get("CPU", 0.0) for b in bundles)
     if cpus > cluster_cpus:
-        raise ConfigError(f"config key 'workers': a {cfg.mode} trial with {cfg.workers} workers needs {cpus:g} CPUs; "
-                          f"the cluster at {address} has {cluster_cpus:g}")
+        raise ConfigError(f"config key 'workers': a {mode} trial with {roster.counts['workers']} workers needs "
+                          f"{cpus:g} CPUs; the cluster at {address} has {cluster_cpus:g}")
     return tune.PlacementGroupFactory(bundles)
 
 
@@ -201,7 +197,8 @@ def _fit(spec: dict, train, resume, restore: bool) -> dict:
 
     init_ray(spec["address"])
     cfg = from_dict(spec["config"])
-    resources = trial_resources(cfg, spec["address"], ray.cluster_resources().get("CPU", 1.0))
+    resources = trial_resources(cfg.mode, roster(cfg, bool(spec["address"])), spec["address"],
+                                ray.cluster_resources().get("CPU", 1.0))
     trainable = tune.with_resources(tune.with_parameters(trial_main, sweep=spec, train=train, resume=resume),
                                     resources)
     grid = _tuner(spec, trainable, restore).fit()

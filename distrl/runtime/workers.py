@@ -20,14 +20,15 @@ from distrl.runtime.ray_setup import ACTOR_GONE
 
 
 class WorkerPool:
-    def __init__(self, workers: list, cfg, table: ActorTable):
+    def __init__(self, workers: list, fault, window_s: float | None, table: ActorTable):
+        """`fault`: the config's section; `window_s`: async mode's gather window (None: sync mode)."""
         self.workers, self.table = workers, table
         for i, w in enumerate(workers):
             table.track(w, "workers", f"worker {i}")
-        self.timeout_s, self.role_timeout_s = cfg.fault.worker_timeout_s, cfg.fault.role_timeout_s
+        self.timeout_s, self.role_timeout_s = fault.worker_timeout_s, fault.role_timeout_s
         limit_s = self.timeout_s + self.role_timeout_s  # a worker may wait a role's timeout on a hung role
-        self.gatherer = (SyncGather(workers, limit_s) if cfg.mode == "sync"
-                         else AsyncGather(workers, cfg.async_.window_s, limit_s))
+        self.gatherer = (SyncGather(workers, limit_s) if window_s is None
+                         else AsyncGather(workers, window_s, limit_s))
         self.pids: dict[int, int] = {}
         self.new_processes = 0  # restarts seen as new pids: the count where Ray's table cannot be read
         self.restarting: dict[int, tuple[ray.ObjectRef, float]] = {}  # index -> (health check, down since)

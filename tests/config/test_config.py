@@ -180,6 +180,13 @@ def test_single_mode_ignores_placement():
     validate(load_config(None, ["mode=single", "placement.learner={nowhere: 1}", "placement.workers={x: -1}"]))
 
 
+def placement_on_cluster(overrides: list[str]) -> None:
+    """check_placement of the default config with `overrides`, on the cluster at head:6379."""
+    from distrl.runtime.ray_setup import check_placement, roster
+
+    check_placement(roster(load_config(None, overrides), clustered=True), "head:6379")
+
+
 def fake_cluster(monkeypatch, *nodes):
     import ray
 
@@ -197,27 +204,23 @@ def fake_cluster(monkeypatch, *nodes):
     (["workers=4"], r"'placement.workers': .*CPU: 5 in all; .* has 4"),  # on a cluster a worker takes a CPU
 ])
 def test_a_placement_the_cluster_cannot_host_names_the_role_and_resource(monkeypatch, overrides, message):
-    from distrl.runtime.ray_setup import check_placement
-
     fake_cluster(monkeypatch, {"CPU": 2}, {"CPU": 2, "slot": 2})
     with pytest.raises(ConfigError, match=message):
-        check_placement(load_config(None, ["device=cpu"] + overrides), "head:6379")
+        placement_on_cluster(["device=cpu"] + overrides)
 
 
 def test_resources_no_single_node_holds_together_are_refused_naming_the_role(monkeypatch):
     """Each resource exists somewhere, but not on one node: Ray would leave the learner pending."""
-    from distrl.runtime.ray_setup import check_placement
-
     fake_cluster(monkeypatch, {"CPU": 2, "GPU": 1}, {"CPU": 2, "node_a": 1})
     with pytest.raises(ConfigError, match=r"^config key 'placement.learner': learner asks for CPU: 1, GPU: 1, "
                                           r"node_a: 1 per actor; no single node of the cluster at head:6379 has"):
-        check_placement(load_config(None, ["device=cpu", "placement.learner={GPU: 1, node_a: 1}"]), "head:6379")
+        placement_on_cluster(["device=cpu", "placement.learner={GPU: 1, node_a: 1}"])
     fake_cluster(monkeypatch, {"CPU": 2, "GPU": 1}, {"CPU": 2, "node_a": 1, "GPU": 1})
-    check_placement(load_config(None, ["device=cpu", "placement.learner={GPU: 1, node_a: 1}"]), "head:6379")
+    placement_on_cluster(["device=cpu", "placement.learner={GPU: 1, node_a: 1}"])
 
 
 def test_on_cuda_the_learner_and_a_central_inference_server_share_one_gpu(monkeypatch):
-    from distrl.runtime.ray_setup import check_placement, role_resources
+    from distrl.runtime.ray_setup import role_resources
 
     placement = load_config(None, ["mode=sync"]).placement
     wanted = role_resources(placement, True, True, "cuda")
@@ -226,26 +229,47 @@ def test_on_cuda_the_learner_and_a_central_inference_server_share_one_gpu(monkey
     assert role_resources(placement, False, True, "cuda")["learner"]["GPU"] == 1.0
     assert role_resources(placement, True, True, "cpu")["inference"]["GPU"] == 0.0
     fake_cluster(monkeypatch, {"CPU": 4, "GPU": 1})
-    check_placement(load_config(None, ["mode=sync", "device=cuda", "rollout.inference=central"]), "head:6379")
+    placement_on_cluster(["mode=sync", "device=cuda", "rollout.inference=central"])
 
 
 def test_the_placement_of_a_role_the_run_does_not_start_is_not_checked(monkeypatch):
-    from distrl.runtime.ray_setup import check_placement
-
     fake_cluster(monkeypatch, {"CPU": 2}, {"CPU": 2})
-    check_placement(load_config(None, ["device=cpu", "placement.inference={nope: 1}",
-                                       "placement.gradient_workers={nope: 1}"]), "head:6379")
+    placement_on_cluster(["device=cpu", "placement.inference={nope: 1}", "placement.gradient_workers={nope: 1}"])
     with pytest.raises(ConfigError, match="'placement.inference': inference asks for nope: 1"):
-        check_placement(load_config(None, ["device=cpu", "placement.inference={nope: 1}",
-                                           "rollout.inference=central"]), "head:6379")
+        placement_on_cluster(["device=cpu", "placement.inference={nope: 1}", "rollout.inference=central"])
 
 
 def test_a_placement_the_cluster_can_host_passes(monkeypatch):
-    from distrl.runtime.ray_setup import check_placement
-
     fake_cluster(monkeypatch, {"CPU": 2}, {"CPU": 2, "slot": 2})
-    check_placement(load_config(None, ["device=cpu", "workers=2", "placement.workers={slot: 1}",
-                                       "placement.learner={CPU: 2}"]), "head:6379")
+    placement_on_cluster(["device=cpu", "workers=2", "placement.workers={slot: 1}", "placement.learner={CPU: 2}"])
+
+
+@pytest.mark.parametrize("overrides, counts", [
+    (["workers=3"], {"workers": 3, "gradient_workers": 0, "inference": 0}),
+    (["workers=2", "learner.num_gradient_workers=2", "rollout.inference=central"],
+     {"workers": 2, "gradient_workers": 2, "inference": 1}),
+    (["workers=2", "learner.num_gradient_workers=1"], {"workers": 2, "gradient_workers": 0, "inference": 0}),
+])
+def test_the_roster_counts_each_roles_actors_and_what_one_asks_for(overrides, counts):
+    """One learner, replay server, parameter server and evaluator; gradient workers only past one; an
+    inference server only for central inference. On a cluster a worker and the learner reserve a CPU."""
+    from distrl.runtime.ray_setup import roster
+
+    plan = roster(load_config(None, ["mode=sync", "device=cpu"] + overrides), clustered=True)
+    assert plan.counts == {"learner": 1, "replay": 1, "parameter_server": 1, "evaluator": 1, **counts}
+    assert plan.device == "cpu"
+    assert plan.resources["workers"]["CPU"] == plan.resources["learner"]["CPU"] == 1.0
+    assert roster(load_config(None, ["mode=sync", "device=cpu"] + overrides), clustered=False
+                  ).resources["workers"]["CPU"] == 0.0
+
+
+def test_an_offline_runs_roster_starts_no_rollout_workers(tmp_path):
+    from distrl.runtime.ray_setup import roster
+
+    dataset = tmp_path / "d"
+    dataset.mkdir()
+    plan = roster(load_config(None, ["mode=sync", "workers=2", f"data.dataset={dataset}"]), clustered=False)
+    assert plan.counts["workers"] == 0
 
 
 def test_an_error_buffer_that_can_stall_the_run_is_refused_with_the_smallest_that_works():

@@ -36,6 +36,23 @@ def _trial(sweep_dir: str, row: dict) -> dict:
         return json.load(fh)
 
 
+def test_a_trial_asks_tune_for_its_roles_bundles_on_a_cluster_and_one_cpu_in_single_mode():
+    from distrl.config import ConfigError, load_config
+    from distrl.runtime.ray_setup import roster
+    from distrl.runtime.tune import trial_resources
+
+    cfg = load_config(CONFIG, ["mode=sync", "workers=2", "device=cpu", "placement.replay={slot: 1}"])
+    bundles = trial_resources("sync", roster(cfg, clustered=True), "head:6379", 8).bundles
+    # the trial's driver, then one bundle per actor that asks for something: learner, replay, two workers
+    assert bundles == [{"CPU": 1.0}, {"CPU": 1.0}, {"slot": 1.0}, {"CPU": 1.0}, {"CPU": 1.0}]
+    with pytest.raises(ConfigError, match=r"^config key 'workers': a sync trial with 2 workers needs 4 CPUs; "
+                                          r"the cluster at head:6379 has 3$"):
+        trial_resources("sync", roster(cfg, clustered=True), "head:6379", 3)
+    embedded = trial_resources("sync", roster(cfg, clustered=False), None, 2).bundles
+    assert embedded == [{"CPU": 2.0}]  # capped at the machine's CPUs: only paces the trials
+    assert trial_resources("single", roster(cfg, clustered=False), None, 2).bundles == [{"CPU": 1.0}]
+
+
 def test_grid_values_split_on_top_level_commas_only():
     assert split_values("1e-3,3e-4") == ["1e-3", "3e-4"]
     assert split_values("[64, 64],[32]") == ["[64, 64]", "[32]"]
