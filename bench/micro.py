@@ -42,6 +42,7 @@ FAMILIES = {  # family -> a shipped config of it
     "vtrace": "impala_lunarlander.yaml",
     "sac": "sac_lunarlander_continuous.yaml",
     "pixels": "apex_dqn_atari_breakout.yaml",  # the Nature CNN on 84x84x4 uint8 frames
+    "minatar": "apex_dqn_minatar_breakout.yaml",  # the MinAtar CNN on 10x10x4 frames
 }
 
 

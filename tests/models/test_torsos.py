@@ -107,6 +107,33 @@ def test_large_frame_torsos_convolve_channels_last_in_memory_with_the_same_outpu
         ref = torso.fc(plain) if torso.fc is not None else plain
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
+@pytest.mark.parametrize("kind, shape", [("nature", (4, 36, 36)), ("minatar", (10, 10, 4)), ("impala", (3, 12, 12))])
+def test_image_torsos_keep_their_linear_weight_input_major_through_loads_and_steps(kind, shape):
+    """The fc weight stays (out, in) with the input axis contiguous (MKL's fast layout for a few rows)
+    after a state_dict load, numpy weights and an Adam step, and computes what a plain Linear does."""
+    from distrl.models.weights import load_numpy_weights, to_numpy_weights
+
+    space = image_space(shape, np.uint8)
+    torso, other = make_torso(space, ModelConfig(torso=kind)), make_torso(space, ModelConfig(torso=kind))
+    weight = torso.fc[0].weight
+    input_major = lambda w: w.t().is_contiguous() and not w.is_contiguous()  # noqa: E731
+    torso.load_state_dict(other.state_dict())
+    load_numpy_weights(torso, to_numpy_weights(other))
+    assert input_major(weight) and torso.fc[0].weight is weight
+    assert to_numpy_weights(torso)["fc.0.weight"].shape == (torso.out_features, weight.shape[1])
+    frames = torch.as_tensor(batch(space))
+    opt = torch.optim.Adam(torso.parameters(), lr=1e-3, fused=True)
+    torso(frames).square().mean().backward()
+    assert input_major(weight.grad)
+    before = weight.detach().clone()
+    opt.step()
+    assert input_major(weight) and not torch.equal(weight, before)
+    with torch.no_grad():
+        features = torso.convs(torso.input(frames)).flatten(1)
+        plain = torch.relu(features @ weight.contiguous().t() + torso.fc[0].bias)
+        torch.testing.assert_close(torso(frames), plain, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("shape, layout", [((4, 84, 84), "first"), ((84, 84, 4), "last"), ((10, 10, 4), "last"),
                                            ((7, 9, 9), "first"), ((10, 10, 10), "last")])
 def test_image_layout_finds_the_channel_axis(shape, layout):
