@@ -120,3 +120,33 @@ def stop_once_back(run_dir: str, done: threading.Event, rows_after: int = 4) -> 
             stop_as_ctrl_c()
             return
         time.sleep(0.1)
+
+
+def kill_session(sid: int, timeout_s: float = 10.0) -> None:
+    """SIGKILL every live process of session `sid` (a driver started with `start_new_session` and all it
+    started), as a lost machine would end them. Ray puts each worker in a process group of its own, so a
+    killpg of the driver's group leaves them to notice their raylet's death, seconds later, and meanwhile
+    they go on writing; they stay in the driver's session."""
+    import signal
+    import time
+
+    from bench.procfs import stat_fields
+
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        members = []
+        for name in os.listdir("/proc"):
+            try:
+                if name.isdigit() and os.getsid(int(name)) == sid and stat_fields(int(name))[:1] != ["Z"]:
+                    members.append(int(name))
+            except (ProcessLookupError, PermissionError):
+                pass
+        if not members:
+            return
+        for pid in members:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.05)
+    raise AssertionError(f"processes of session {sid} still alive after {timeout_s:g} s")

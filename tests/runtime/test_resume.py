@@ -12,6 +12,7 @@ import time
 import pytest
 import torch
 
+from bench.procfs import descendants, parent, started_at, stat_fields
 from distrl import resume, train
 from distrl.checkpoint.run import read_checkpoint
 from distrl.replay.store import digest as store_digest
@@ -22,12 +23,25 @@ CARTPOLE = os.path.join(ROOT, "configs", "apex_dqn_cartpole.yaml")
 QUIET = ["log.progress=false", "log.tensorboard=false"]
 
 
+def comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
 def complete_checkpoints(run_dir):
     return sorted(p for p in glob.glob(os.path.join(run_dir, "checkpoints", "ckpt-*"))
                   if os.path.exists(os.path.join(p, "DONE")))
 
 
+def alive(pid: int, started: int | None) -> bool:
+    return started is not None and started_at(pid) == started and stat_fields(pid)[0] != "Z"
+
+
 def test_sigkill_driver_then_resume_restores_counters_and_replay(tmp_path):
+    """Also: the driver's evaluator (a child of its fork server, not of the driver) does not outlive it."""
     run_dir = str(tmp_path / "run")
     proc = subprocess.Popen([sys.executable, "-m", "distrl.cli", "train", CARTPOLE, "--mode", "single",
                              "--run-dir", run_dir, "--set", "checkpoint.interval_s=1", "--set",
@@ -37,8 +51,15 @@ def test_sigkill_driver_then_resume_restores_counters_and_replay(tmp_path):
     deadline = time.time() + 90
     while time.time() < deadline and len(complete_checkpoints(run_dir)) < 2:
         time.sleep(0.2)
+    below = {pid: started_at(pid) for pid in descendants(proc.pid)}
+    evaluators = [pid for pid in below if comm(pid) == "distrl-eval"]
+    assert evaluators and all(parent(pid) != proc.pid for pid in evaluators)  # forked by the fork server
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=10)
+    deadline = time.time() + 15  # the fork server ends with the driver; the evaluator sees its parent go
+    while time.time() < deadline and any(alive(pid, t) for pid, t in below.items()):
+        time.sleep(0.2)
+    assert not [pid for pid, t in below.items() if alive(pid, t)]  # no process of the run lingers
     assert not os.path.exists(os.path.join(run_dir, "summary.json"))  # it really died mid-run
     ckpt = complete_checkpoints(run_dir)[-1]
     meta = json.load(open(os.path.join(ckpt, "meta.json")))

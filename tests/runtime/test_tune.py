@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from distrl.api import resume, train
 from distrl.checks import validate
 from distrl.cli import main
 from distrl.runtime.tune import parse_axis, resume_sweep, run_sweep, split_values
+from tests.runtime.processes import kill_session
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = os.path.join(ROOT, "configs", "ppo_cartpole.yaml")
@@ -158,7 +158,7 @@ def test_a_killed_sweep_resumes_without_running_finished_trials_again(tmp_path, 
         # Killed once the third trial has started: the first two finished before Tune started it.
         _wait_for(lambda: 2 in _run_dirs(sweep_dir), 240, proc)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the driver and the Ray it started, as a lost machine would
+        kill_session(proc.pid)  # the driver and every process it and its Ray started
         proc.wait()
     dirs = _run_dirs(sweep_dir)
     assert not os.path.exists(os.path.join(dirs[2], "summary.json"))
