@@ -22,15 +22,18 @@ import os
 import re
 import shutil
 import threading
+import time
 
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler, TrialScheduler
 
 from distrl.checkpoint import CheckpointError
+from distrl.checkpoint.lock import RunDirBusy, RunDirLock
 from distrl.config import ConfigError
 from distrl.observe.metrics import request_stop
 
 RUNS = "runs"  # SWEEP_DIR/runs/<trial>: the trials' run dirs
+WRITER_WAIT_S = 60.0  # how long a resumed trial waits for a killed sweep's process to leave its run dir
 TRIAL_FILE = "trial.json"  # RUN_DIR/trial.json: the trial's id, its values, and each time it was started
 REPORTED = ("wall_s", "env_steps", "updates", "eval_return_mean", "eval_success_rate", "best_eval_return",
             "train_return_mean")
@@ -111,7 +114,22 @@ def _summary(run_dir: str) -> dict | None:
         return None
 
 
+def wait_for_writer(run_dir: str, timeout_s: float = WRITER_WAIT_S) -> None:
+    """Return once no process holds the run dir's lock. A trial of a sweep that was killed may still be
+    ending when the sweep resumes: Ray gives each worker a process group of its own, and a worker notices
+    its raylet's death only after a while, writing into the run dir meanwhile. Past `timeout_s` the
+    resumed trial goes on, and its run refuses the busy dir with one line naming the holder's pid."""
+    deadline = time.monotonic() + timeout_s
+    while os.path.isdir(run_dir) and time.monotonic() < deadline:
+        try:
+            RunDirLock(run_dir).acquire().release()
+            return
+        except RunDirBusy:
+            time.sleep(0.2)
+
+
 def _train_or_resume(run_dir: str, sweep: dict, overrides: list[str], train, resume) -> dict:
+    wait_for_writer(run_dir)
     if os.path.isdir(os.path.join(run_dir, "checkpoints")):
         try:
             return resume(run_dir, address=sweep["address"])

@@ -53,6 +53,24 @@ def test_a_trial_asks_tune_for_its_roles_bundles_on_a_cluster_and_one_cpu_in_sin
     assert trial_resources("single", roster(cfg, clustered=False), None, 2).bundles == [{"CPU": 1.0}]
 
 
+def test_a_resumed_trial_waits_for_a_killed_sweeps_process_to_leave_its_run_dir(tmp_path):
+    """A process of the killed sweep still holding the run dir's lock is waited for (up to a limit)."""
+    from distrl.runtime.tune_trial import wait_for_writer
+
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from distrl.checkpoint.lock import RunDirLock; "
+                               "RunDirLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(1.5)",
+                               str(tmp_path)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    assert holder.stdout.readline().strip() == "held"
+    t0 = time.monotonic()
+    wait_for_writer(str(tmp_path), timeout_s=0.5)  # still held: gives up after its limit
+    assert 0.5 <= time.monotonic() - t0 < 1.4 and holder.poll() is None
+    wait_for_writer(str(tmp_path), timeout_s=30)
+    assert holder.wait(timeout=5) == 0  # it returned once the holder was gone
+    t0 = time.monotonic()
+    wait_for_writer(str(tmp_path / "none"), timeout_s=30)  # no run dir yet: nothing to wait for
+    assert time.monotonic() - t0 < 0.5
+
+
 def test_grid_values_split_on_top_level_commas_only():
     assert split_values("1e-3,3e-4") == ["1e-3", "3e-4"]
     assert split_values("[64, 64],[32]") == ["[64, 64]", "[32]"]
