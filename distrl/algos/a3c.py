@@ -19,13 +19,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 
 from distrl.algos.a2c import a2c_loss
 from distrl.algos.actor_critic import ActorCriticAlgorithm, ActorCriticLearner, GAEConfig, time_major
 from distrl.algos.actor_critic_acting import ActorCriticPolicy
 from distrl.config.fields import f
 from distrl.core import Batch, Trajectory
+from distrl.models import grad_like
 
 _TERMS = ("loss_policy", "loss_value", "entropy")
 
@@ -75,8 +75,7 @@ class A3CLearner(ActorCriticLearner):
             self.dropped += 1
             return {**out, "dropped": 1, "dropped_total": self.dropped}
         for name, p in self.params.items():
-            # torch.tensor copies: the message may be a read-only view from the object store.
-            p.grad = torch.tensor(batch[f"grad/{name}"], device=self.device).view_as(p)
+            p.grad = grad_like(p, batch[f"grad/{name}"])  # a copy: the message may be a read-only view
         grad_norm = self.step()
         if grad_norm is None:  # a worker sent a non-finite gradient
             return {**out, "nonfinite": 1, "staleness": staleness}

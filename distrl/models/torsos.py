@@ -130,9 +130,10 @@ class ConvTorso(nn.Module):
 
 def input_major_(layer: nn.Linear) -> nn.Linear:
     """Stores `layer`'s (out, in) weight with its input axis contiguous: MKL multiplies a worker's few
-    rows by a weight laid out so ~2x faster on CPU, and a learner's batch no slower (`python -m
-    bench.linear_layout`: the Nature CNN's 3136 -> 512 layer for 8 frames, 389 against 813 us). Loading
-    a state_dict copies into the weight and keeps the layout; the gradient takes it too."""
+    rows by a weight laid out so up to 2x faster on CPU, and a learner's batch within a few percent
+    (`python -m bench.linear_layout`: the Nature CNN's 3136 -> 512 layer for 8 frames, 424 against 838 us).
+    Loading a state_dict copies into the weight and keeps the layout; autograd's gradient takes it too,
+    and one made elsewhere must be put into it (`weights.grad_like`)."""
     layer.weight.data = layer.weight.data.t().contiguous().t()
     return layer
 

@@ -26,6 +26,14 @@ def load_numpy_weights(module: nn.Module, weights: Weights) -> None:
     module.load_state_dict({k: torch.as_tensor(np.asarray(v)) for k, v in weights.items()})
 
 
+def grad_like(param: torch.Tensor, values) -> torch.Tensor:
+    """`values` (an array or tensor of param's elements, any layout) as a gradient for `param`, laid out in
+    memory as `param` is: the fused Adam walks a parameter, its gradient and its moments element by element
+    in memory, so a gradient in another layout (a row-major array for an input-major weight) would be
+    applied to the wrong elements."""
+    return torch.empty_like(param).copy_(torch.as_tensor(np.asarray(values), device=param.device).reshape(param.shape))
+
+
 def as_input(x) -> torch.Tensor:
     """A numpy batch as a tensor without a copy."""
     return torch.as_tensor(np.asarray(x))

@@ -12,18 +12,20 @@ from distrl.roles.factory import make_algorithm, policy_seed
 from distrl.roles.rollout import Rollout
 
 CONFIGS = {"apex_dqn": "configs/apex_dqn_cartpole.yaml", "impala": "configs/impala_cartpole.yaml",
-           "ppo": "configs/ppo_cartpole.yaml"}
+           "ppo": "configs/ppo_cartpole.yaml",
+           # an image torso: its Linear weight is input-major in memory (models/torsos.input_major_)
+           "apex_dqn_minatar": "configs/apex_dqn_minatar_breakout.yaml", "ppo_minatar": "configs/ppo_minatar_breakout.yaml"}
 
 
 def learner_and_batch(algo: str, seed: int = 0):
     cfg = load_config(CONFIGS[algo], [f"seed={seed}"])
-    algorithm = make_algorithm(cfg, env_spec("CartPole-v1"))
+    algorithm = make_algorithm(cfg, env_spec(cfg.env.id))
     learner = algorithm.make_learner("cpu")
     policy = algorithm.make_policy(0, 1, policy_seed(cfg.seed, 0))
     policy.set_weights(learner.get_weights(), 0)
-    frag = Rollout(policy, VectorEnv("CartPole-v1", 8, seed), 32, 0).sample()
+    frag = Rollout(policy, VectorEnv(cfg.env.id, 8, seed), 32, 0).sample()
     batch = dict(frag.data)
-    if algo == "apex_dqn":  # a prioritized replay batch: importance weights with it
+    if algo.startswith("apex_dqn"):  # a prioritized replay batch: importance weights with it
         batch["weights"] = np.random.default_rng(seed).uniform(0.2, 1.0, len(batch["obs"])).astype(np.float32)
     return algorithm, learner, batch
 
@@ -32,7 +34,7 @@ def params(learner):
     return [p.detach().clone() for p in learner.trained_module().parameters()]
 
 
-@pytest.mark.parametrize("algo", ["apex_dqn", "impala", "ppo"])
+@pytest.mark.parametrize("algo", ["apex_dqn", "impala", "ppo", "apex_dqn_minatar", "ppo_minatar"])
 @pytest.mark.parametrize("k", [2, 3])
 def test_an_update_with_k_gradient_workers_equals_one_learner_on_the_whole_batch(algo, k):
     algorithm, single, batch = learner_and_batch(algo)
@@ -50,7 +52,7 @@ def test_an_update_with_k_gradient_workers_equals_one_learner_on_the_whole_batch
     assert single.opt.state_dict()["state"].keys() == sharded.opt.state_dict()["state"].keys()
     assert out_single["loss"] == pytest.approx(out_sharded["loss"], rel=1e-5, abs=1e-6)
     assert out_single["grad_norm"] == pytest.approx(out_sharded["grad_norm"], rel=1e-4)
-    if algo == "apex_dqn":
+    if algo.startswith("apex_dqn"):
         np.testing.assert_allclose(out_single["priorities"], out_sharded["priorities"], rtol=1e-5, atol=1e-6)
 
 
