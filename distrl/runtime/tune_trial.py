@@ -28,7 +28,7 @@ from ray import tune
 from ray.tune.schedulers import ASHAScheduler, TrialScheduler
 
 from distrl.checkpoint import CheckpointError
-from distrl.checkpoint.lock import RunDirBusy, RunDirLock
+from distrl.checkpoint.lock import LOCK, RunDirBusy, RunDirLock
 from distrl.config import ConfigError
 from distrl.observe.metrics import request_stop
 
@@ -117,27 +117,30 @@ def _summary(run_dir: str) -> dict | None:
 def wait_for_writer(run_dir: str, timeout_s: float = WRITER_WAIT_S) -> None:
     """Return once no process holds the run dir's lock. A trial of a sweep that was killed may still be
     ending when the sweep resumes: Ray gives each worker a process group of its own, and a worker notices
-    its raylet's death only after a while, writing into the run dir meanwhile. Past `timeout_s` the
-    resumed trial goes on, and its run refuses the busy dir with one line naming the holder's pid."""
+    its raylet's death only after a while, writing into the run dir meanwhile. Still held after
+    `timeout_s`: RunDirBusy naming the holder's pid, and the run dir is left as it is."""
     deadline = time.monotonic() + timeout_s
-    while os.path.isdir(run_dir) and time.monotonic() < deadline:
+    while os.path.isdir(run_dir):
         try:
             RunDirLock(run_dir).acquire().release()
             return
         except RunDirBusy:
+            if time.monotonic() >= deadline:
+                raise
             time.sleep(0.2)
 
 
 def _train_or_resume(run_dir: str, sweep: dict, overrides: list[str], train, resume) -> dict:
-    wait_for_writer(run_dir)
     if os.path.isdir(os.path.join(run_dir, "checkpoints")):
         try:
             return resume(run_dir, address=sweep["address"])
+        except RunDirBusy:
+            raise  # another process writes there: its files are not ours to clear
         except (ConfigError, CheckpointError):
             pass  # no complete checkpoint yet: start again
     if os.path.exists(os.path.join(run_dir, "config.yaml")):  # a start that never reached a checkpoint
         for name in os.listdir(run_dir):
-            if name != TRIAL_FILE:
+            if name not in (TRIAL_FILE, LOCK):  # a lock file in use stays one file
                 path = os.path.join(run_dir, name)
                 shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
     return train(json.loads(json.dumps(sweep["config"])), overrides=overrides, run_dir=run_dir,
@@ -162,6 +165,7 @@ def trial_main(config: dict, sweep: dict | None = None, train=None, resume=None)
     run_dir = trial_run_dir(sweep["dir"], trial_id, config)
     _note_start(run_dir, trial_id, config)
     overrides = [f"{k}={json.dumps(v)}" for k, v in config.items()] + ["log.progress=false"]
+    wait_for_writer(run_dir)  # before reading it: a killed sweep's run may still finish there
     summary = _summary(run_dir)
     reporter = Reporter(run_dir, sweep["metric"])
     if summary is None:

@@ -54,21 +54,24 @@ def test_a_trial_asks_tune_for_its_roles_bundles_on_a_cluster_and_one_cpu_in_sin
 
 
 def test_a_resumed_trial_waits_for_a_killed_sweeps_process_to_leave_its_run_dir(tmp_path):
-    """A process of the killed sweep still holding the run dir's lock is waited for (up to a limit)."""
+    """A process still holding the run dir's lock is waited for; past the limit, RunDirBusy names it."""
+    import threading
+
+    from distrl.checkpoint.lock import RunDirBusy
     from distrl.runtime.tune_trial import wait_for_writer
 
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from distrl.checkpoint.lock import RunDirLock; "
-                               "RunDirLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(1.5)",
-                               str(tmp_path)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    holder = subprocess.Popen([sys.executable, "-c", "import sys; from distrl.checkpoint.lock import RunDirLock; "
+                               "RunDirLock(sys.argv[1]).acquire(); print('held', flush=True); sys.stdin.read()",
+                               str(tmp_path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
     assert holder.stdout.readline().strip() == "held"
-    t0 = time.monotonic()
-    wait_for_writer(str(tmp_path), timeout_s=0.5)  # still held: gives up after its limit
-    assert 0.5 <= time.monotonic() - t0 < 1.4 and holder.poll() is None
-    wait_for_writer(str(tmp_path), timeout_s=30)
-    assert holder.wait(timeout=5) == 0  # it returned once the holder was gone
-    t0 = time.monotonic()
-    wait_for_writer(str(tmp_path / "none"), timeout_s=30)  # no run dir yet: nothing to wait for
-    assert time.monotonic() - t0 < 0.5
+    with pytest.raises(RunDirBusy, match=f"in use by another distrl process \\(pid {holder.pid}\\)"):
+        wait_for_writer(str(tmp_path), timeout_s=0.3)
+    released = []
+    threading.Timer(0.5, lambda: (released.append(time.monotonic()), holder.stdin.close())).start()
+    wait_for_writer(str(tmp_path), timeout_s=60)
+    assert released and time.monotonic() > released[0]  # it returned only once the holder let go
+    assert holder.wait(timeout=10) == 0
+    wait_for_writer(str(tmp_path / "none"), timeout_s=0)  # no run dir yet: nothing to wait for
 
 
 def test_grid_values_split_on_top_level_commas_only():
