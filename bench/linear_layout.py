@@ -31,10 +31,11 @@ def layer_costs(in_features: int, out_features: int, reps: int) -> dict:
             x = torch.randn(n, in_features)
             with torch.inference_mode():
                 row[f"{layout}_forward_{n}_us"] = round(median_us(lambda: layer(x), 200, reps), 1)
-        x = torch.randn(64, in_features)
+        x = torch.randn(64, in_features, requires_grad=True)  # a learner's features carry the convs' gradient
 
         def step():
             layer.zero_grad(set_to_none=True)
+            x.grad = None
             layer(x).sum().backward()
 
         row[f"{layout}_train_64_us"] = round(median_us(step, 50, reps), 1)

@@ -262,12 +262,12 @@ def in_bundle(group, index: int) -> dict:
     return {"scheduling_strategy": PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index)}
 
 
-def check_placement(roster: Roster, address: str | None, modules: list | None = None) -> None:
+def check_placement(plan: Roster, address: str | None, modules: list | None = None) -> None:
     """ConfigError naming the role and the resources when the cluster cannot host a role's actors (no
     node offers enough of a resource, no one node offers all that one actor asks for together, or all
     the roles together need more than the cluster has): Ray itself would leave such an actor pending
     for ever. Joins (or starts) the Ray the run will use (shipping the user's `modules` to a cluster)."""
-    wanted = roster.resources
+    wanted = plan.resources
     if not address and not any(v > 0 for res in wanted.values() for v in res.values()):
         return  # embedded and asking for nothing: no need to start Ray to know it fits
     init_ray(address, modules)
@@ -275,7 +275,7 @@ def check_placement(roster: Roster, address: str | None, modules: list | None = 
     where = f"the cluster at {address}" if address else "the embedded Ray (no --address)"
     needed: dict[str, float] = {}
     for role in ROLES:
-        count, asks = roster.counts[role], {k: v for k, v in wanted[role].items() if v > 0}
+        count, asks = plan.counts[role], {k: v for k, v in wanted[role].items() if v > 0}
         if not count:
             continue  # the role starts no actor in this run: its placement is not used
         for name, amount in asks.items():

@@ -77,24 +77,29 @@ def start_roles(roles, cfg, start_time: float, address: str | None, eval_resume:
     roles.watch = RoleWatch(watched, roles.table, f.role_timeout_s)
     if address:  # the roles hold their CPUs before workers ask: a worker on the learner's node could take them
         roles._wait_for_roles()
-    _start_workers(roles, cfg, plan, place, d, names)
+    window_s = None if cfg.mode == "sync" else cfg.async_.window_s
+    _start_workers(roles, plan, place, d, names, cfg.fault, cfg.placement.workers_strategy, window_s)
     if not address:  # embedded, no role reserves a CPU: workers start alongside the roles
         roles._wait_for_roles()
 
 
-def _start_workers(roles, cfg, plan: Roster, place: dict, d: dict, names: dict) -> None:
-    """A dead worker is restarted by Ray with the same constructor args and options (so the same placement)
+def _start_workers(roles, plan: Roster, place: dict, d: dict, names: dict, fault, strategy: str,
+                   window_s: float | None) -> None:
+    """The rollout workers (`d`: the config as they get it; `fault`: its section; `strategy`:
+    placement.workers_strategy; `window_s`: async mode's gather window, None in sync mode).
+
+    A dead worker is restarted by Ray with the same constructor args and options (so the same placement)
     and re-syncs its weights on its first sample; its in-flight fragment is lost and counted by the driver.
     Spreading uses Ray's SPREAD strategy rather than a placement group: it is one option per actor that Ray
     applies again on a restart, while a group reserves every bundle up front, has to be re-placed after a
     node loss, and must be removed at the end."""
-    f, strategy = cfg.fault, cfg.placement.workers_strategy  # pack needs a group: Ray has no per-actor PACK
     n, asks = plan.counts["workers"], plan.resources["workers"]
-    roles.worker_group = pack_group(asks, n, f.role_timeout_s) if strategy == "pack" and n else None
+    # pack needs a group: Ray has no per-actor PACK
+    roles.worker_group = pack_group(asks, n, fault.role_timeout_s) if strategy == "pack" and n else None
     spread = {"scheduling_strategy": "SPREAD"} if strategy == "spread" else {}
     where = [in_bundle(roles.worker_group, i) if roles.worker_group else spread for i in range(n)]
     inference = [names["inference"]] if roles.inference else []
-    workers = [RolloutWorker.options(**place["workers"], **where[i], max_restarts=f.max_worker_restarts + 1,
+    workers = [RolloutWorker.options(**place["workers"], **where[i], max_restarts=fault.max_worker_restarts + 1,
                                      max_task_retries=0).remote(*restartable(d, i, n, names["ps"], *inference))
                for i in range(n)]
-    roles.pool = WorkerPool(workers, f, None if cfg.mode == "sync" else cfg.async_.window_s, roles.table)
+    roles.pool = WorkerPool(workers, fault, window_s, roles.table)

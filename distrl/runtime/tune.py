@@ -121,7 +121,7 @@ def _apply(config: dict, overrides: list[str]) -> dict:
     return apply_overrides(json.loads(json.dumps(config)), overrides)
 
 
-def trial_resources(mode: str, roster: Roster, address: str | None, cluster_cpus: float):
+def trial_resources(mode: str, plan: Roster, address: str | None, cluster_cpus: float):
     """What one trial asks Tune for: one CPU for a single-mode trial (its process trains; + a GPU for a cuda
     learner); for sync and async one CPU for the trial's driver and learner and one per worker. Embedded,
     the run's actors ask Ray for nothing, so this only paces the trials, and at most the machine's CPUs are
@@ -129,18 +129,18 @@ def trial_resources(mode: str, roster: Roster, address: str | None, cluster_cpus
     their `placement`), and a trial the cluster cannot hold is a ConfigError."""
     from ray import tune
 
-    gpu = {"GPU": 1.0} if roster.device.startswith("cuda") else {}
+    gpu = {"GPU": 1.0} if plan.device.startswith("cuda") else {}
     if mode == "single":
         return tune.PlacementGroupFactory([{"CPU": 1.0, **gpu}])
     if not address:
-        return tune.PlacementGroupFactory([{"CPU": float(min(roster.counts["workers"] + 1, cluster_cpus)), **gpu}])
+        return tune.PlacementGroupFactory([{"CPU": float(min(plan.counts["workers"] + 1, cluster_cpus)), **gpu}])
     bundles = [{"CPU": 1.0}]  # the trial's driver
     for role in ROLES:
-        asks = {k: v for k, v in roster.resources[role].items() if v > 0}
-        bundles += [asks] * roster.counts[role] if asks else []
+        asks = {k: v for k, v in plan.resources[role].items() if v > 0}
+        bundles += [asks] * plan.counts[role] if asks else []
     cpus = sum(b.get("CPU", 0.0) for b in bundles)
     if cpus > cluster_cpus:
-        raise ConfigError(f"config key 'workers': a {mode} trial with {roster.counts['workers']} workers needs "
+        raise ConfigError(f"config key 'workers': a {mode} trial with {plan.counts['workers']} workers needs "
                           f"{cpus:g} CPUs; the cluster at {address} has {cluster_cpus:g}")
     return tune.PlacementGroupFactory(bundles)
 

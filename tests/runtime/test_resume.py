@@ -37,7 +37,9 @@ def complete_checkpoints(run_dir):
 
 
 def alive(pid: int, started: int | None) -> bool:
-    return started is not None and started_at(pid) == started and stat_fields(pid)[0] != "Z"
+    """Whether `pid` is still the process that started at `started`, and not a zombie."""
+    fields = stat_fields(pid)  # one read: the process may go between two
+    return started is not None and len(fields) > 19 and int(fields[19]) == started and fields[0] != "Z"
 
 
 def test_sigkill_driver_then_resume_restores_counters_and_replay(tmp_path):
@@ -49,10 +51,11 @@ def test_sigkill_driver_then_resume_restores_counters_and_replay(tmp_path):
                              *sum((["--set", q] for q in QUIET), [])],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 90
-    while time.time() < deadline and len(complete_checkpoints(run_dir)) < 2:
+    evaluators = []  # named once forked from the fork server, which imports torch first
+    while time.time() < deadline and (len(complete_checkpoints(run_dir)) < 2 or not evaluators):
+        evaluators = [pid for pid in descendants(proc.pid) if comm(pid) == "distrl-eval"]
         time.sleep(0.2)
     below = {pid: started_at(pid) for pid in descendants(proc.pid)}
-    evaluators = [pid for pid in below if comm(pid) == "distrl-eval"]
     assert evaluators and all(parent(pid) != proc.pid for pid in evaluators)  # forked by the fork server
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=10)
