@@ -27,10 +27,10 @@ def load_numpy_weights(module: nn.Module, weights: Weights) -> None:
 
 
 def grad_like(param: torch.Tensor, values) -> torch.Tensor:
-    """`values` (an array or tensor of param's elements, any layout) as a gradient for `param`, laid out in
-    memory as `param` is: the fused Adam walks a parameter, its gradient and its moments element by element
-    in memory, so a gradient in another layout (a row-major array for an input-major weight) would be
-    applied to the wrong elements."""
+    """`values` (a numpy array of param's elements, any layout or shape) as a gradient for `param`, laid
+    out in memory as `param` is: the fused Adam walks a parameter, its gradient and its moments element by
+    element in memory, so a gradient in another layout (a row-major array for an input-major weight)
+    would be applied to the wrong elements."""
     return torch.empty_like(param).copy_(torch.as_tensor(np.asarray(values), device=param.device).reshape(param.shape))
 
 
