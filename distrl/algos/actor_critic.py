@@ -19,7 +19,7 @@ from gymnasium import spaces
 from torch import nn
 from torch.nn import functional as F
 
-from distrl.algos.common import HALF_LOG_2PI, NetworkAlgorithm, adam, as_tensors, guarded_step
+from distrl.algos.common import HALF_LOG_2PI, NetworkAlgorithm, adam, as_tensors, guarded_step, load_optimizer_state
 from distrl.algos.sharding import ShardedLearner
 from distrl.config.fields import f
 from distrl.config.sections import ModelConfig
@@ -193,7 +193,7 @@ class ActorCriticLearner(ShardedLearner, Learner):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.net.load_state_dict(state["net"])
-        self.opt.load_state_dict(state["opt"])
+        load_optimizer_state(self.opt, state["opt"])
         self.updates = int(state["updates"])
         self.optimizer_steps = int(state.get("optimizer_steps", 0))
 

@@ -16,7 +16,8 @@ from gymnasium import spaces
 from torch import nn
 from torch.nn import functional as F
 
-from distrl.algos.common import BoxScaler, NetworkPolicy, adam, as_tensors, guarded_step, skipped, stored_obs
+from distrl.algos.common import (BoxScaler, NetworkPolicy, adam, as_tensors, guarded_step, load_optimizer_state,
+                                 skipped, stored_obs)
 from distrl.algos.offline import OfflineAlgorithm, dataset_trajectory
 from distrl.algos.sharding import ShardedLearner
 from distrl.config.fields import f
@@ -80,7 +81,7 @@ class BCLearner(ShardedLearner, Learner):
 
     def load_state_dict(self, state: dict) -> None:
         self.net.load_state_dict(state["net"])
-        self.opt.load_state_dict(state["opt"])
+        load_optimizer_state(self.opt, state["opt"])
         self.updates = int(state["updates"])
 
 

@@ -198,6 +198,18 @@ def adam(params, lr: float, device: str) -> torch.optim.Adam:
     return torch.optim.Adam(params, lr=lr, fused=device.startswith(("cpu", "cuda")))
 
 
+def load_optimizer_state(opt: torch.optim.Optimizer, state: dict) -> None:
+    """`opt.load_state_dict(state)`, with each per-parameter tensor (Adam's moments) laid out in memory as
+    its parameter is: the fused Adam walks them in memory order, and a checkpoint may hold them in another
+    layout (one written before a torso's weight became input-major)."""
+    opt.load_state_dict(state)
+    for group in opt.param_groups:
+        for p in group["params"]:
+            for name, value in opt.state.get(p, {}).items():
+                if torch.is_tensor(value) and value.shape == p.shape and value.stride() != p.stride():
+                    opt.state[p][name] = torch.empty_like(p, dtype=value.dtype).copy_(value)
+
+
 def as_tensors(batch: dict[str, np.ndarray], device: str) -> dict[str, torch.Tensor]:
     """Zero-copy on CPU; ignores private keys (leading underscore)."""
     return {k: torch.as_tensor(v, device=device) for k, v in batch.items() if not k.startswith("_")}

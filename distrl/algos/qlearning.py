@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from distrl.algos.common import adam, guarded_step, skipped
+from distrl.algos.common import adam, guarded_step, load_optimizer_state, skipped
 from distrl.config.fields import f
 from distrl.models import to_numpy_weights
 
@@ -111,7 +111,7 @@ class TargetNetworkState:
     def load_state_dict(self, state: dict) -> None:
         self.q.load_state_dict(state["q"])
         self.target.load_state_dict(state["target"])
-        self.opt.load_state_dict(state["opt"])
+        load_optimizer_state(self.opt, state["opt"])
         self.updates = int(state["updates"])
 
 

@@ -21,7 +21,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from distrl.algos.common import (HALF_LOG_2PI, BoxScaler, NetworkAlgorithm, NetworkPolicy, adam, as_tensors,
-                                 guarded_step, nstep_items, skipped)
+                                 guarded_step, load_optimizer_state, nstep_items, skipped)
 from distrl.config.fields import f
 from distrl.config.sections import ModelConfig
 from distrl.core import Batch, Learner, Trajectory, Weights
@@ -191,7 +191,7 @@ class SACLearner(Learner):
         self.critic_target.load_state_dict(state["critic_target"])
         with torch.no_grad():
             self.log_alpha.copy_(torch.as_tensor(state["log_alpha"]))
-        self.opt.load_state_dict(state["opt"])
+        load_optimizer_state(self.opt, state["opt"])
         self.updates = int(state["updates"])
 
 
