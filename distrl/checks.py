@@ -47,7 +47,9 @@ def validate(cfg: Config, address: str | None = None, resuming: bool = False) ->
     problem = algo.check_spec(spec)
     if problem:
         raise ConfigError(f"config key 'algo': {problem} ({cfg.env.id})")
-    _check_torsos(cfg, spec)
+    from distrl.roles.factory import make_algorithm
+
+    _check_torsos(make_algorithm(cfg, spec), cfg.model)
     _check_datasets(cfg, algo, spec, resuming)
     if cfg.eval.epsilon > 0.0 and algo.multi_agent:
         raise ConfigError(f"config key 'eval.epsilon': random evaluation actions are for single-agent envs; "
@@ -150,16 +152,15 @@ def _check_datasets(cfg: Config, algo, spec, resuming: bool) -> None:
             raise ConfigError(f"config key 'log.dataset': {e}") from None
 
 
-def _check_torsos(cfg: Config, spec) -> None:
-    """The algorithm's torsos build for this env and map a sampled batch to features: a user's
-    `model.torso` factory that cannot be imported, raises or returns the wrong shape is one line."""
+def _check_torsos(algo, model) -> None:
+    """The algorithm's (built for the env) torsos, from the `model` section, build and map a sampled batch
+    to features: a user's `model.torso` factory that cannot be imported, raises or returns the wrong shape
+    is one line."""
     from distrl.models import TorsoError, check_torso, make_torso
-    from distrl.roles.factory import make_algorithm
 
-    algo = make_algorithm(cfg, spec)
     try:
         for space in algo.torso_spaces():
-            check_torso(make_torso(space, cfg.model, algo.image_torso), space, cfg.model.torso)
+            check_torso(make_torso(space, model, algo.image_torso), space, model.torso)
         algo.build_network()
     except TorsoError as e:
         raise ConfigError(str(e)) from None
