@@ -25,7 +25,7 @@ from distrl.algos.actor_critic import ActorCriticAlgorithm, ActorCriticLearner, 
 from distrl.algos.actor_critic_acting import ActorCriticPolicy
 from distrl.config.fields import f
 from distrl.core import Batch, Trajectory
-from distrl.models import grad_like
+from distrl.models import laid_out_as
 
 _TERMS = ("loss_policy", "loss_value", "entropy")
 
@@ -75,7 +75,7 @@ class A3CLearner(ActorCriticLearner):
             self.dropped += 1
             return {**out, "dropped": 1, "dropped_total": self.dropped}
         for name, p in self.params.items():
-            p.grad = grad_like(p, batch[f"grad/{name}"])  # a copy: the message may be a read-only view
+            p.grad = laid_out_as(p, batch[f"grad/{name}"])  # a copy: the message may be a read-only view
         grad_norm = self.step()
         if grad_norm is None:  # a worker sent a non-finite gradient
             return {**out, "nonfinite": 1, "staleness": staleness}

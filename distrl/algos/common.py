@@ -9,7 +9,7 @@ import torch
 from gymnasium import spaces
 
 from distrl.core import Algorithm, Batch, Policy, Trajectory, Weights
-from distrl.models import as_input, load_numpy_weights
+from distrl.models import as_input, laid_out_as, load_numpy_weights
 from distrl.models.numpy_run import Program, numpy_program
 from distrl.replay import nstep_transitions
 
@@ -207,7 +207,7 @@ def load_optimizer_state(opt: torch.optim.Optimizer, state: dict) -> None:
         for p in group["params"]:
             for name, value in opt.state.get(p, {}).items():
                 if torch.is_tensor(value) and value.shape == p.shape and value.stride() != p.stride():
-                    opt.state[p][name] = torch.empty_like(p, dtype=value.dtype).copy_(value)
+                    opt.state[p][name] = laid_out_as(p, value)
 
 
 def as_tensors(batch: dict[str, np.ndarray], device: str) -> dict[str, torch.Tensor]:

@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from distrl.models import grad_like, load_numpy_weights, to_numpy_weights
+from distrl.models import laid_out_as, load_numpy_weights, to_numpy_weights
 from distrl.core import Weights
 
 Samples = dict[str, np.ndarray]
@@ -108,6 +108,6 @@ class ShardedLearner:
         shards = split_rows({k: v.detach().cpu().numpy() for k, v in samples.items()}, self.num_shards)
         grads, loss, terms, per_row = combine(self.gradient_fn(to_numpy_weights(module), shards))
         for p, g in zip(module.parameters(), grads):
-            p.grad = grad_like(p, g)
+            p.grad = laid_out_as(p, g)
         as_t = lambda x: torch.as_tensor(x, device=self.device)  # noqa: E731
         return step(None), as_t(loss), {k: as_t(v) for k, v in terms.items()}, {k: as_t(v) for k, v in per_row.items()}

@@ -4,7 +4,7 @@ from distrl.models.cores import RecurrentCore
 from distrl.models.ensemble import StackedLinear, make_ensemble
 from distrl.models.factory import TorsoError, check_torso, make_torso
 from distrl.models.torsos import mlp
-from distrl.models.weights import Weights, as_input, grad_like, load_numpy_weights, numpy_out, to_numpy_weights
+from distrl.models.weights import Weights, as_input, laid_out_as, load_numpy_weights, numpy_out, to_numpy_weights
 
-__all__ = ["RecurrentCore", "StackedLinear", "TorsoError", "Weights", "as_input", "check_torso", "grad_like",
+__all__ = ["RecurrentCore", "StackedLinear", "TorsoError", "Weights", "as_input", "check_torso", "laid_out_as",
            "load_numpy_weights", "make_ensemble", "make_torso", "mlp", "numpy_out", "to_numpy_weights"]

@@ -133,7 +133,7 @@ def input_major_(layer: nn.Linear) -> nn.Linear:
     rows by a weight laid out so up to 2x faster on CPU, and a learner's batch within a few percent
     (`python -m bench.linear_layout`: the Nature CNN's 3136 -> 512 layer for 8 frames, 424 against 838 us).
     Loading a state_dict copies into the weight and keeps the layout; autograd's gradient takes it too,
-    and one made elsewhere must be put into it (`weights.grad_like`)."""
+    and one made elsewhere must be put into it (`weights.laid_out_as`)."""
     layer.weight.data = layer.weight.data.t().contiguous().t()
     return layer
 

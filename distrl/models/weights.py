@@ -26,12 +26,13 @@ def load_numpy_weights(module: nn.Module, weights: Weights) -> None:
     module.load_state_dict({k: torch.as_tensor(np.asarray(v)) for k, v in weights.items()})
 
 
-def grad_like(param: torch.Tensor, values) -> torch.Tensor:
-    """`values` (a numpy array of param's elements, any layout or shape) as a gradient for `param`, laid
-    out in memory as `param` is: the fused Adam walks a parameter, its gradient and its moments element by
-    element in memory, so a gradient in another layout (a row-major array for an input-major weight)
+def laid_out_as(param: torch.Tensor, values) -> torch.Tensor:
+    """`values` (an array or tensor of param's elements, any layout or shape; a gradient, Adam's moments)
+    as a tensor laid out in memory as `param` is: the fused Adam walks a parameter, its gradient and its
+    moments element by element in memory, so one in another layout (row-major for an input-major weight)
     would be applied to the wrong elements."""
-    return torch.empty_like(param).copy_(torch.as_tensor(np.asarray(values), device=param.device).reshape(param.shape))
+    t = torch.as_tensor(values, device=param.device)
+    return torch.empty_like(param, dtype=t.dtype).copy_(t.reshape(param.shape))
 
 
 def as_input(x) -> torch.Tensor:

@@ -112,7 +112,7 @@ def test_image_torsos_keep_their_linear_weight_input_major_through_loads_and_ste
     """The fc weight stays (out, in) with the input axis contiguous (MKL's fast layout for a few rows)
     after a state_dict load, numpy weights and an Adam step, takes a gradient made elsewhere in its own
     layout, and computes what a plain Linear does."""
-    from distrl.models.weights import grad_like, load_numpy_weights, to_numpy_weights
+    from distrl.models.weights import laid_out_as, load_numpy_weights, to_numpy_weights
 
     space = image_space(shape, np.uint8)
     torso, other = make_torso(space, ModelConfig(torso=kind)), make_torso(space, ModelConfig(torso=kind))
@@ -126,13 +126,13 @@ def test_image_torsos_keep_their_linear_weight_input_major_through_loads_and_ste
     opt = torch.optim.Adam(torso.parameters(), lr=1e-3, fused=True)
     torso(frames).square().mean().backward()
     assert input_major(weight.grad)
-    # A gradient from elsewhere (a gradient worker's, A3C's) as a row-major array: grad_like lays it out as
+    # A gradient from elsewhere (a gradient worker's, A3C's) as a row-major array: laid_out_as lays it out as
     # the weight is, which the fused Adam needs (it walks both in memory order).
     twin = make_torso(space, ModelConfig(torso=kind))
     twin.load_state_dict(torso.state_dict())
     twin_opt = torch.optim.Adam(twin.parameters(), lr=1e-3, fused=True)
     for p, q in zip(torso.parameters(), twin.parameters()):
-        q.grad = grad_like(q, p.grad.detach().contiguous().numpy())
+        q.grad = laid_out_as(q, p.grad.detach().contiguous().numpy())
     assert input_major(twin.fc[0].weight.grad) and torch.equal(twin.fc[0].weight.grad, weight.grad)
     before = weight.detach().clone()
     opt.step()
