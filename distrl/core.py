@@ -159,7 +159,15 @@ class Learner(abc.ABC):
 
     @abc.abstractmethod
     def update(self, batch: Batch) -> dict[str, Any]:
-        """One gradient update. May return 'priorities' (np.ndarray) for replay."""
+        """One gradient update: its scalars to log, 'priorities' per item for replay, and 'nonfinite' (true:
+        the loss or gradient was NaN or inf and no step was taken). Values may be tensors on the learner's
+        device, read back once per block by the learner loop (`distrl.roles.learning.read_back`): a learner
+        that reports 'nonfinite' as a tensor has not waited to learn it, counts the update in `updates`,
+        and is told by `uncount` once the block is read."""
+
+    def uncount(self, skipped: int) -> None:
+        """`skipped` updates counted in `updates` took no step (their 'nonfinite' tensors were read back)."""
+        self.updates -= skipped
 
     @abc.abstractmethod
     def get_weights(self) -> Weights:

@@ -30,11 +30,11 @@ def a2c_loss(net: ActorCriticNet, t: dict[str, torch.Tensor], cfg
 class A2CLearner(ActorCriticLearner):
     def update(self, batch: Batch) -> dict[str, Any]:
         loss, terms = a2c_loss(self.net, time_major(batch, self.device), self.cfg)
-        grad_norm = self.step(loss)
-        if grad_norm is None:
+        norm, bad = self.step(loss)
+        if not self.counted(bad):
             return skipped(loss)
         self.updates += 1
-        return self.metrics(loss, terms, grad_norm=grad_norm, optimizer_steps=self.optimizer_steps)
+        return self.metrics(loss, terms, grad_norm=norm, optimizer_steps=self.optimizer_steps)
 
 
 class A2C(ActorCriticAlgorithm):

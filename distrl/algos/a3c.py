@@ -76,11 +76,11 @@ class A3CLearner(ActorCriticLearner):
             return {**out, "dropped": 1, "dropped_total": self.dropped}
         for name, p in self.params.items():
             p.grad = laid_out_as(p, batch[f"grad/{name}"])  # a copy: the message may be a read-only view
-        grad_norm = self.step()
-        if grad_norm is None:  # a worker sent a non-finite gradient
+        norm, bad = self.step()
+        if not self.counted(bad):  # a worker sent a non-finite gradient
             return {**out, "nonfinite": 1, "staleness": staleness}
         self.updates += 1
-        return {**out, "dropped": 0, "dropped_total": self.dropped, "grad_norm": grad_norm,
+        return {**out, "dropped": 0, "dropped_total": self.dropped, "grad_norm": float(norm),
                 "staleness_applied": staleness, "optimizer_steps": self.optimizer_steps}
 
     def state_dict(self) -> dict[str, Any]:

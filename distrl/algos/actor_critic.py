@@ -20,7 +20,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from distrl.algos.common import HALF_LOG_2PI, NetworkAlgorithm, adam, as_tensors, guarded_step, load_optimizer_state
-from distrl.algos.sharding import ShardedLearner
+from distrl.algos.sharding import ShardedLearner, Step
 from distrl.config.fields import f
 from distrl.config.sections import ModelConfig
 from distrl.core import Batch, Learner, Weights
@@ -170,17 +170,24 @@ class ActorCriticLearner(ShardedLearner, Learner):
     def make_optimizer(self) -> torch.optim.Optimizer:
         return adam(self.net.parameters(), self.cfg.lr, self.device)
 
-    def step(self, loss: torch.Tensor | None = None) -> float | None:
-        """Backward `loss` (or use the .grad already set), clip, step: the grad norm, or None when the
-        loss or gradient was not finite and no step was taken (`guarded_step`)."""
-        norm = guarded_step(self.opt, self.net.parameters(), loss, self.cfg.grad_clip)
-        self.optimizer_steps += norm is not None
-        return norm
+    def step(self, loss: torch.Tensor | None = None) -> Step:
+        """Backward `loss` (or use the .grad already set), clip, step: (grad norm, skipped) as tensors
+        (`guarded_step`); the caller counts `optimizer_steps` once it has read them back."""
+        return guarded_step(self.opt, self.net.parameters(), loss, self.cfg.grad_clip)
+
+    def counted(self, bad: torch.Tensor) -> bool:
+        """Whether the step that reported `skipped` = `bad` was taken (a read of the device: an on-policy
+        update is a whole block), counted in `optimizer_steps`."""
+        took = not bool(bad)
+        self.optimizer_steps += took
+        return took
 
     @staticmethod
-    def metrics(loss: torch.Tensor, terms: dict[str, torch.Tensor], **extra: float) -> dict[str, Any]:
-        out = {"loss": loss.item(), **{k: v.item() for k, v in terms.items()}}
-        out.update(extra)
+    def metrics(loss: torch.Tensor, terms: dict[str, torch.Tensor], **extra) -> dict[str, Any]:
+        """An update's scalars as floats, read from the device at once (tensors among `extra` too)."""
+        tensors = {"loss": loss, **terms, **{k: v for k, v in extra.items() if torch.is_tensor(v)}}
+        out = dict(zip(tensors, torch.stack([v.detach().float() for v in tensors.values()]).tolist()))
+        out.update({k: v for k, v in extra.items() if not torch.is_tensor(v)})
         return out
 
     def get_weights(self) -> Weights:

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from distrl.algos.common import NetworkAlgorithm, NetworkPolicy, as_tensors, nstep_items, skipped, stored_obs
+from distrl.algos.common import NetworkAlgorithm, NetworkPolicy, as_tensors, nstep_items, step_report, stored_obs
 from distrl.algos.qlearning import DuelingHead, QLearningConfig, TargetNetworkState, epsilon_greedy, worker_epsilon
 from distrl.algos.sharding import ShardedLearner
 from distrl.config.fields import f
@@ -74,15 +74,8 @@ class DQNLearner(TargetNetworkState, ShardedLearner, Learner):
         rows = {"obs": t["obs"], "actions": t["actions"], "target": self.targets(t)}
         if "weights" in t:
             rows["weights"] = t["weights"]
-        grad_norm, loss, terms, per_row = self.sharded_step(rows, self.optimize)
-        if grad_norm is None:
-            return skipped(loss)
-        return {
-            "loss": loss.item(),
-            "q_mean": terms["q_mean"].item(),
-            "grad_norm": grad_norm,
-            "priorities": per_row["td"].abs().cpu().numpy(),
-        }
+        (norm, bad), loss, terms, per_row = self.sharded_step(rows, self.optimize)
+        return {**step_report(norm, bad, loss, **terms), "priorities": per_row["td"].abs()}
 
 
 class DQNPolicy(NetworkPolicy):

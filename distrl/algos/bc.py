@@ -17,7 +17,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from distrl.algos.common import (BoxScaler, NetworkPolicy, adam, as_tensors, guarded_step, load_optimizer_state,
-                                 skipped, stored_obs)
+                                 step_report, stored_obs)
 from distrl.algos.offline import OfflineAlgorithm, dataset_trajectory
 from distrl.algos.sharding import ShardedLearner
 from distrl.config.fields import f
@@ -67,11 +67,9 @@ class BCLearner(ShardedLearner, Learner):
     def update(self, batch: Batch) -> dict[str, Any]:
         t = as_tensors(batch, self.device)
         step = lambda loss: guarded_step(self.opt, self.net.parameters(), loss, self.cfg.grad_clip)  # noqa: E731
-        grad_norm, loss, terms, _ = self.sharded_step({"obs": t["obs"], "actions": t["actions"]}, step)
-        if grad_norm is None:
-            return skipped(loss)
+        (norm, bad), loss, terms, _ = self.sharded_step({"obs": t["obs"], "actions": t["actions"]}, step)
         self.updates += 1
-        return {"loss": loss.item(), **{k: v.item() for k, v in terms.items()}, "grad_norm": grad_norm}
+        return step_report(norm, bad, loss, **terms)
 
     def get_weights(self):
         return to_numpy_weights(self.net)

@@ -157,33 +157,43 @@ class NetworkAlgorithm(Algorithm):
         return self.policy_cls(self, worker_index, num_workers, seed)
 
 
-def guarded_step(opt, params, loss=None, clip: float | None = None) -> float | None:
-    """Backward `loss` (or use the gradients already set), clip to `clip`, step: the gradient norm.
+def guarded_step(opt, params, loss=None, clip: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Backward `loss` (or use the gradients already set), clip to `clip`, step: (grad norm, skipped), both
+    0-d tensors on the parameters' device, with no wait for the device.
 
-    A non-finite loss or gradient would poison every weight it reaches, and through published
-    weights every worker: then no step is taken, the gradients are cleared, and None is returned.
+    A non-finite loss or gradient would poison every weight it reaches, and through published weights
+    every worker: then the step changes nothing (the fused Adam is told through `found_inf`, as a gradient
+    scaler tells it, and skips its whole update on the device) and `skipped` is True. The caller reads
+    `skipped` back later, with the rest of its block.
     """
     params = list(params)
     if loss is not None:
         opt.zero_grad(set_to_none=True)
-        if not bool(torch.isfinite(loss)):
-            return None
         loss.backward()
     if clip:
         norm = torch.nn.utils.clip_grad_norm_(params, clip, foreach=True)
     else:  # the norm alone: clip_grad_norm_ would also scale every gradient by 1
         grads = [p.grad for p in params if p.grad is not None]
         norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))) if grads else torch.zeros(())
-    if not bool(torch.isfinite(norm)):
-        opt.zero_grad(set_to_none=True)
-        return None
-    opt.step()
-    return float(norm)
+    # An infinite loss can have a finite gradient (a Huber loss against an infinite target): 0 * loss is
+    # NaN exactly when the loss is not finite.
+    bad = ~torch.isfinite(norm if loss is None else norm + 0.0 * loss.detach())
+    if all(group.get("fused") for group in opt.param_groups):
+        opt.found_inf = bad.float()
+        opt.step()
+    elif not bool(bad):  # an optimizer without found_inf: one wait for the device per step
+        opt.step()
+    return norm.detach(), bad
 
 
 def skipped(loss) -> dict:
-    """What an update that took no step returns (its loss or gradient was not finite)."""
+    """What an update that read back its step as skipped returns (its loss or gradient was not finite)."""
     return {"nonfinite": 1, "loss": float(loss.detach()) if hasattr(loss, "detach") else float(loss)}
+
+
+def step_report(norm: torch.Tensor, bad: torch.Tensor, loss: torch.Tensor, **terms: torch.Tensor) -> dict:
+    """An update's scalars as `Learner.update` returns them: tensors, read back with the learner's block."""
+    return {"nonfinite": bad, "loss": loss.detach(), **{k: v.detach() for k, v in terms.items()}, "grad_norm": norm}
 
 
 def adam(params, lr: float, device: str) -> torch.optim.Adam:

@@ -43,13 +43,13 @@ def agent_nstep_targets(values, rewards, discount, mask, valid, active, gamma: f
     return out.reshape(length, *rewards.shape[1:])
 
 
-def agent_priorities(abs_td: np.ndarray, live: np.ndarray, eta: float) -> np.ndarray:
+def agent_priorities(abs_td, live, eta: float):
     """(B,) eta * max + (1 - eta) * mean of |td| over each item's trained (step, agent) pairs.
 
     Inputs (length, B, N); the agent axis folds into the step axis of `sequence_priorities`.
     """
     n, b, agents = abs_td.shape
-    fold = lambda x: np.moveaxis(np.asarray(x), 2, 1).reshape(n * agents, b)
+    fold = lambda x: x.swapaxes(1, 2).reshape(n * agents, b)  # noqa: E731 - numpy arrays or tensors
     return sequence_priorities(fold(abs_td), fold(live), eta)
 
 

@@ -44,13 +44,13 @@ class ImpalaLearner(ActorCriticLearner):
                                 c.gamma, c.rho_bar, c.c_bar)
             adv = normalize(pg_adv) if c.normalize_advantages else pg_adv
         rows = {"obs": t["obs"], "actions": t["actions"], "adv": adv.reshape(-1), "vs": vs.reshape(-1)}
-        grad_norm, loss, terms, _ = self.sharded_step(rows, self.step)
-        if grad_norm is None:
+        (norm, bad), loss, terms, _ = self.sharded_step(rows, self.step)
+        if not self.counted(bad):
             return skipped(loss)
         self.updates += 1
         rho = (target_logp - t["logp"]).exp()
-        return self.metrics(loss, terms, grad_norm=grad_norm, optimizer_steps=self.optimizer_steps,
-                            rho_mean=rho.mean().item(), rho_clip_frac=(rho > c.rho_bar).float().mean().item())
+        return self.metrics(loss, terms, grad_norm=norm, optimizer_steps=self.optimizer_steps,
+                            rho_mean=rho.mean(), rho_clip_frac=(rho > c.rho_bar).float().mean())
 
     def sample_loss(self, s: dict[str, torch.Tensor]):
         logp, entropy, values = self.net.evaluate(s["obs"], s["actions"])

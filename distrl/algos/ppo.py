@@ -89,27 +89,24 @@ class PPOLearner(ActorCriticLearner):
             adv = normalize(adv)
         adv, returns, old_values = adv.reshape(-1), returns.reshape(-1), old_values.reshape(-1)
         old_logp = t["logp"].reshape(-1)
-        sums: torch.Tensor | None = None
-        n = skips = 0
+        sums: torch.Tensor | None = None  # per stat, over the minibatches whose step was taken
+        taken, steps = torch.zeros((), device=adv.device), 0
         for _ in range(c.epochs):
             for idx in torch.randperm(adv.numel(), device=adv.device).chunk(c.minibatches):
                 rows = {"obs": t["obs"][idx], "actions": t["actions"][idx], "old_logp": old_logp[idx],
                         "adv": adv[idx], "old_values": old_values[idx], "returns": returns[idx]}
-                grad_norm, loss, terms, _ = self.sharded_step(rows, self.step)
-                if grad_norm is None:  # this minibatch's step is skipped; the others still count
-                    skips += 1
-                    continue
-                row = torch.stack([loss.detach(), *terms.values(), loss.new_tensor(grad_norm)])
-                sums = row if sums is None else sums + row
-                n += 1
+                (norm, bad), loss, terms, _ = self.sharded_step(rows, self.step)
+                row = torch.stack([loss.detach(), *terms.values(), norm])
+                row = torch.where(bad, torch.zeros_like(row), row)  # a skipped minibatch adds nothing
+                sums, taken, steps = (row if sums is None else sums + row), taken + (~bad).float(), steps + 1
+        n, *sums = torch.cat([taken[None], sums]).tolist()  # the update's one read of the device
+        self.optimizer_steps += int(n)
         if n == 0:
             return skipped(loss)
         self.updates += 1
-        means = (sums / n).tolist()
-        out = dict(zip(["loss", *terms, "grad_norm"], means))
-        out.update(optimizer_steps=self.optimizer_steps, policy_lag=lag, nonfinite_steps=skips)
+        out = {k: v / n for k, v in zip(["loss", *terms, "grad_norm"], sums)}
+        out.update(optimizer_steps=self.optimizer_steps, policy_lag=lag, nonfinite_steps=steps - int(n))
         return out
-
 
     def sample_loss(self, s: dict[str, torch.Tensor]):
         logp, entropy, values = self.net.evaluate(s["obs"], s["actions"])

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from distrl.algos.common import adam, guarded_step, load_optimizer_state, skipped
+from distrl.algos.common import adam, guarded_step, load_optimizer_state, step_report
 from distrl.config.fields import f
 from distrl.models import to_numpy_weights
 
@@ -89,16 +89,15 @@ class TargetNetworkState:
         self.opt = adam(self.q.parameters(), self.cfg.lr, device)
         self.updates = 0
 
-    def optimize(self, loss) -> float | None:
-        """One guarded optimizer step on `loss` (see `guarded_step`), then the periodic hard target copy;
-        the grad norm, or None when the loss or gradient was not finite and nothing changed."""
-        norm = guarded_step(self.opt, self.q.parameters(), loss, self.cfg.grad_clip)
-        if norm is None:
-            return None
+    def optimize(self, loss) -> tuple[torch.Tensor, torch.Tensor]:
+        """One guarded optimizer step on `loss` (see `guarded_step`), then the periodic hard target copy:
+        (grad norm, skipped). A skipped step is counted in `updates` until its block is read back
+        (`Learner.uncount`); a target copy it brings copies the unchanged weights."""
+        norm, bad = guarded_step(self.opt, self.q.parameters(), loss, self.cfg.grad_clip)
         self.updates += 1
         if self.updates % self.cfg.target_update_interval == 0:
             self.target.load_state_dict(self.q.state_dict())
-        return norm
+        return norm, bad
 
     def get_weights(self):
         return to_numpy_weights(self.q)
@@ -133,17 +132,11 @@ class SequenceQLearner(TargetNetworkState):
                              f"n_step = {self.seq_len}: the policy and learner disagree on cfg.sequence")
 
     def step_and_report(self, loss, td, q_taken, live) -> dict:
-        """One guarded step on `loss`, then the update's stats; `td`, `q_taken` and `live` (1 on the
-        trained entries, 0 elsewhere) are tensors of one shape, the means are over the trained entries."""
-        grad_norm = self.optimize(loss)
-        if grad_norm is None:  # a non-finite loss or gradient: no step, and no priorities from it
-            return skipped(loss)
-        live, abs_td = live.cpu().numpy(), td.abs().cpu().numpy()
-        real = max(float(live.sum()), 1.0)
-        return {
-            "loss": loss.item(),
-            "q_mean": float((q_taken.cpu().numpy() * live).sum() / real),
-            "td_abs_mean": float((abs_td * live).sum() / real),
-            "grad_norm": grad_norm,
-            "priorities": self.priorities(abs_td, live, self.cfg.priority_eta),
-        }
+        """One guarded step on `loss`, then the update's stats as tensors; `td`, `q_taken` and `live` (1 on
+        the trained entries, 0 elsewhere) are tensors of one shape, the means are over the trained entries."""
+        norm, bad = self.optimize(loss)
+        abs_td = td.abs()
+        real = live.sum().clamp(min=1.0)
+        return {**step_report(norm, bad, loss, q_mean=(q_taken * live).sum() / real,
+                              td_abs_mean=(abs_td * live).sum() / real),
+                "priorities": self.priorities(abs_td, live, self.cfg.priority_eta)}

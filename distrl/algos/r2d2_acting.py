@@ -77,11 +77,16 @@ def nstep_targets(values, rewards, discount, mask, valid, gamma: float, n_step: 
     return ret + boot
 
 
-def sequence_priorities(abs_td: np.ndarray, mask: np.ndarray, eta: float) -> np.ndarray:
-    """(B,) eta * max|td| + (1 - eta) * mean|td| over each item's trained real steps ((length, B) inputs)."""
-    abs_td = np.asarray(abs_td, np.float64) * mask
-    count = np.maximum(mask.sum(axis=0), 1.0)
-    return eta * abs_td.max(axis=0) + (1.0 - eta) * abs_td.sum(axis=0) / count
+def sequence_priorities(abs_td, mask, eta: float):
+    """(B,) eta * max|td| + (1 - eta) * mean|td| over each item's trained real steps ((length, B) inputs):
+    numpy arrays (a worker's, in float64) or tensors (the learner's, on its device)."""
+    if isinstance(abs_td, np.ndarray):
+        abs_td = abs_td.astype(np.float64)
+    abs_td = abs_td * mask
+    count = mask.sum(0).clip(min=1.0)
+    peak = abs_td.max(0)
+    peak = getattr(peak, "values", peak)  # torch's max over an axis also gives the indices
+    return eta * peak + (1.0 - eta) * abs_td.sum(0) / count
 
 
 # ---------------------------------------------------------------- the policy

@@ -21,7 +21,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from distrl.algos.common import (HALF_LOG_2PI, BoxScaler, NetworkAlgorithm, NetworkPolicy, adam, as_tensors,
-                                 guarded_step, load_optimizer_state, nstep_items, skipped)
+                                 guarded_step, load_optimizer_state, nstep_items, step_report)
 from distrl.config.fields import f
 from distrl.config.sections import ModelConfig
 from distrl.core import Batch, Learner, Trajectory, Weights
@@ -158,18 +158,14 @@ class SACLearner(Learner):
         total = loss_critic + penalty + loss_actor + (loss_alpha if self.cfg.autotune_alpha else 0.0)
 
         # A param without a gradient (log_alpha when not autotuned) is left alone by the step.
-        if guarded_step(self.opt, [*self._params, *self.actor.parameters(), self.log_alpha], total) is None:
-            return skipped(total)
-
-        with torch.no_grad():
-            torch._foreach_lerp_(self._target_params, self._params, self.cfg.tau)
-            stats = torch.stack([loss_critic, loss_actor, loss_alpha, alpha,
-                                 -log_pi_now.mean(), q.mean()]).tolist()
-            priorities = td.abs().mean(0).cpu().numpy()
+        norm, bad = guarded_step(self.opt, [*self._params, *self.actor.parameters(), self.log_alpha], total)
+        with torch.no_grad():  # a skipped step moves no target either
+            torch._foreach_lerp_(self._target_params, self._params, self.cfg.tau * (~bad).float())
         self.updates += 1
-        return {"loss": stats[0], "loss_critic": stats[0], "loss_actor": stats[1],
-                "loss_alpha": stats[2], "alpha": stats[3], "entropy": stats[4],
-                "q_mean": stats[5], "priorities": priorities, **{k: float(v) for k, v in penalty_stats.items()}}
+        return {**step_report(norm, bad, loss_critic, loss_critic=loss_critic, loss_actor=loss_actor,
+                              loss_alpha=loss_alpha, alpha=alpha, entropy=-log_pi_now.mean(), q_mean=q.mean(),
+                              **penalty_stats),
+                "priorities": td.detach().abs().mean(0)}
 
     def critic_penalty(self, obs: torch.Tensor, next_obs: torch.Tensor, q: torch.Tensor):
         """A term added to the critics' loss, and its stats: none for SAC (CQL adds its conservative gap)."""

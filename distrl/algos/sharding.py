@@ -32,6 +32,9 @@ class ShardGradient:
     per_row: dict[str, np.ndarray] = field(default_factory=dict)
 
 
+Step = tuple[torch.Tensor, torch.Tensor]
+"""An optimizer step's (grad norm, skipped: its loss or gradient was not finite), as `guarded_step` gives them."""
+
 GradientFn = Callable[[Weights, list[Samples]], list[ShardGradient]]
 """Computes the gradients of shards at the given weights (the runtime maps it onto gradient workers)."""
 
@@ -98,8 +101,8 @@ class ShardedLearner:
     def use_gradient_workers(self, gradient_fn: GradientFn | None, num_shards: int) -> None:
         self.gradient_fn, self.num_shards = gradient_fn, num_shards
 
-    def sharded_step(self, samples: dict[str, torch.Tensor], step: Callable[[torch.Tensor | None], float | None]):
-        """(grad norm or None if skipped, loss, terms, per-row outputs), all tensors but the norm."""
+    def sharded_step(self, samples: dict[str, torch.Tensor], step: Callable[[torch.Tensor | None], Step]):
+        """(what `step` returned: (grad norm, skipped), loss, terms, per-row outputs), all tensors."""
         if self.gradient_fn is None or self.num_shards <= 1:
             loss, terms, per_row = self.sample_loss(samples)
             return step(loss), loss.detach(), {k: v.detach() for k, v in terms.items()}, \

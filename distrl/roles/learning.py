@@ -18,21 +18,26 @@ from distrl.replay.store import Block, block_priority_update
 
 
 def learn_block(learner: Learner, block: Block, stats: TrainStats) -> np.ndarray | None:
-    """One `update` per batch in the block; return (K, B) priorities if the learner gave any.
+    """One `update` per batch in the block, then their outputs read back from the learner's device at once;
+    return (K, B) priorities if the learner gave any (NaN rows: updates that took no step).
 
     Policy lag of a batch = learner updates so far - mean version of its data,
     where a version is the learner's update count when those weights were published.
     """
     batches, _, weights = block
     k = next(iter(batches.values())).shape[0]
-    priorities = None
+    outs = []
     for i in range(k):
         batch = {key: v[i] for key, v in batches.items()}
         if weights is not None:
             batch["weights"] = weights[i]
         if "version" in batch:  # a dataset's items were made by no weights: no lag
             stats.lags.append(float(learner.updates - batch["version"].mean()))
-        out = learner.update(batch)
+        outs.append(learner.update(batch))
+    outs, unread_skips = read_back(outs)
+    learner.uncount(unread_skips)
+    priorities = None
+    for i, out in enumerate(outs):
         stats.consumed += 1
         if out.get("nonfinite"):  # no step was taken: nothing to log or to send back to replay
             stats.nonfinite += 1
@@ -50,6 +55,32 @@ def learn_block(learner: Learner, block: Block, stats: TrainStats) -> np.ndarray
                 priorities = np.full((k, len(out["priorities"])), np.nan)  # NaN rows: skipped updates
             priorities[i] = out["priorities"]
     return priorities
+
+
+def update_once(learner: Learner, batch) -> dict[str, Any]:
+    """One `update` outside a block (tools, tests), its outputs read back and its count settled."""
+    outs, unread_skips = read_back([learner.update(batch)])
+    learner.uncount(unread_skips)
+    return outs[0]
+
+
+def read_back(outs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+    """A block's update outputs with every tensor among them copied to the host in one transfer (one wait
+    for the device per block, not one per value): 0-d tensors as floats, others as float32 arrays. Also
+    how many updates reported `nonfinite` as a tensor: their learner could not know and counted them."""
+    import torch
+
+    found = [(i, key, v) for i, out in enumerate(outs) for key, v in out.items() if torch.is_tensor(v)]
+    if not found:
+        return outs, 0
+    flat = torch.cat([v.detach().reshape(-1).float() for _, _, v in found]).cpu().numpy()
+    outs, at, skips = [dict(out) for out in outs], 0, 0
+    for i, key, v in found:
+        value = flat[at:at + v.numel()]
+        at += v.numel()
+        outs[i][key] = value.reshape(v.shape) if v.dim() else float(value[0])
+        skips += key == "nonfinite" and bool(outs[i][key])
+    return outs, skips
 
 
 def all_finite(weights: Weights) -> bool:

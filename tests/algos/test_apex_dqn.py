@@ -11,6 +11,7 @@ from distrl.envs import env_spec
 from distrl.models.numpy_run import ATOL, RTOL
 from distrl.replay import ReplayBuffer
 from distrl.roles.factory import make_algorithm
+from distrl.roles.learning import update_once
 from tests.algos.same_network import check_acts_with_the_learners_network
 from tests.replay.stacking import Runner, make_envs
 
@@ -75,7 +76,7 @@ def test_double_dqn_target_and_terminal_discount(algo):
     best = qn_online.argmax(1)
     target = batch["rewards"] + batch["discounts"] * qn_target[np.arange(n), best]
     expected = np.abs(q[np.arange(n), batch["actions"]] - target)
-    out = learner.update(batch)
+    out = update_once(learner, batch)
     np.testing.assert_allclose(out["priorities"], expected, rtol=1e-5, atol=1e-6)
     # Terminal transitions (discount 0) have target = reward exactly.
     np.testing.assert_allclose(target[[1, 3]], batch["rewards"][[1, 3]])
@@ -148,7 +149,7 @@ def test_uint8_frames_are_stored_as_bytes_and_learned_from():
     assert items["obs"].dtype == items["next_obs"].dtype == np.uint8
     with torch.no_grad():  # the network sees frames / 255
         np.testing.assert_array_equal(extras["q"], learner.q(torch.as_tensor(obs.reshape(T * E, 2, 10, 10))).numpy())
-    out = learner.update({**items, "weights": np.ones(len(prios), np.float32)})
+    out = update_once(learner, {**items, "weights": np.ones(len(prios), np.float32)})
     assert np.isfinite(out["loss"]) and out["priorities"].shape == prios.shape
 
 
@@ -181,7 +182,7 @@ def test_frames_stored_once_sample_the_stacks_the_env_emitted(padding):
         batch, idx, w = buf.sample_many(1, 32)
         for n in ("obs", "next_obs", "rewards", "discounts"):
             assert np.array_equal(batch[n][0], np.stack([naive[int(u)][n] for u in batch["uid"][0]])), n
-        out = learner.update({**{n: v[0] for n, v in batch.items()}, "weights": w[0]})
+        out = update_once(learner, {**{n: v[0] for n, v in batch.items()}, "weights": w[0]})
         buf.update_priorities(idx[0], out["priorities"], batch["_generation"][0])
 
 
@@ -195,7 +196,7 @@ def test_learner_state_round_trip(algo):
     batch = {"obs": np.zeros((4, 4), np.float32), "actions": np.zeros(4, np.int64),
              "rewards": np.ones(4, np.float32), "next_obs": np.zeros((4, 4), np.float32),
              "discounts": np.zeros(4, np.float32)}
-    a.update(batch)
+    update_once(a, batch)
     b.load_state_dict(a.state_dict())
     assert b.updates == 1
     for k, v in a.get_weights().items():

@@ -7,6 +7,7 @@ from torch.nn import functional as F
 from distrl.algos.sharding import local_gradient_fn
 from distrl.config import load_config
 from distrl.roles.factory import make_algorithm
+from distrl.roles.learning import update_once
 
 
 def bc(env_id: str, *extra):
@@ -21,11 +22,11 @@ def test_discrete_loss_is_cross_entropy_and_a_step_raises_the_data_actions_proba
     t = {k: torch.as_tensor(v) for k, v in batch.items()}
     with torch.no_grad():
         expected = F.cross_entropy(learner.net(t["obs"]), t["actions"]).item()
-    out = learner.update(batch)
+    out = update_once(learner, batch)
     assert out["loss"] == pytest.approx(expected, rel=1e-6) and 0.0 <= out["accuracy"] <= 1.0
     for _ in range(200):
-        learner.update(batch)
-    assert learner.update(batch)["loss"] < expected
+        update_once(learner, batch)
+    assert update_once(learner, batch)["loss"] < expected
 
 
 def test_box_policy_acts_in_the_env_bounds_and_clones_a_constant_action():
@@ -34,7 +35,7 @@ def test_box_policy_acts_in_the_env_bounds_and_clones_a_constant_action():
     obs = np.random.default_rng(1).standard_normal((32, 3)).astype(np.float32)
     target = np.full((32, 1), 0.5, np.float32)  # normalised: 0.5 of the way from the middle to the top
     for _ in range(300):
-        learner.update({"obs": obs, "actions": target})
+        update_once(learner, {"obs": obs, "actions": target})
     policy = algo.make_policy(-1, 1, 0)
     policy.set_weights(learner.get_weights(), 1)
     actions, _ = policy.act(obs, explore=False)
@@ -48,6 +49,6 @@ def test_a_step_over_gradient_workers_equals_the_single_learners():
     b.use_gradient_workers(local_gradient_fn([algo.make_learner("cpu"), algo.make_learner("cpu")]), 2)
     rng = np.random.default_rng(2)
     batch = {"obs": rng.standard_normal((50, 4)).astype(np.float32), "actions": rng.integers(0, 2, 50)}
-    a.update(batch), b.update(batch)
+    update_once(a, batch), update_once(b, batch)
     for k, v in a.get_weights().items():
         np.testing.assert_allclose(b.get_weights()[k], v, rtol=1e-5, atol=1e-6)

@@ -15,6 +15,7 @@ from distrl.core import EnvSpec, Trajectory
 from distrl.envs.mapf import MAPF
 from distrl.models.torsos import ConvTorso, MLPTorso
 from distrl.roles.factory import make_algorithm
+from distrl.roles.learning import update_once
 from tests.algos.same_network import check_acts_with_the_learners_network
 
 IMAGE = EnvSpec(spaces.Box(0.0, 1.0, (7, 5, 5), np.float32), spaces.Discrete(5))
@@ -304,7 +305,7 @@ def test_learner_td_matches_a_step_by_step_reference(double):
     np.testing.assert_allclose(td.numpy() * live, expected_td, atol=3e-5)
     expected_loss = (0.5 * expected_td ** 2 * batch["weights"][:, None]).sum() / live.sum()
     assert loss.item() == pytest.approx(expected_loss, rel=1e-4)
-    out = learner.update(batch)
+    out = update_once(learner, batch)
     np.testing.assert_allclose(out["priorities"], agent_priorities(np.abs(expected_td), live, 0.9), atol=3e-5)
 
 
@@ -350,12 +351,12 @@ def test_update_reduces_the_loss_and_returns_item_priorities():
     learner = learner_for(cfg)  # the default encoder, 64-unit GRU, communication on
     batch = make_batch(np.random.default_rng(1), 11, 16, 3, first_at=[2] * 4, core=64)
     batch["rewards"] = np.sign(batch["rewards"]) * batch["active"]
-    losses = [learner.update(batch)["loss"] for _ in range(40)]
-    out = learner.update(batch)
+    losses = [update_once(learner, batch)["loss"] for _ in range(40)]
+    out = update_once(learner, batch)
     assert out["priorities"].shape == (16,) and np.all(np.isfinite(out["priorities"]) & (out["priorities"] >= 0))
     assert np.mean(losses[-5:]) < 0.3 * losses[0] and out["grad_norm"] > 0 and learner.updates == 41
     with pytest.raises(ValueError, match="cfg.sequence"):
-        learner.update(make_batch(np.random.default_rng(0), 10, 2, 3, core=64))
+        update_once(learner, make_batch(np.random.default_rng(0), 10, 2, 3, core=64))
 
 
 def test_state_dict_round_trip_resumes_identically():
@@ -363,11 +364,11 @@ def test_state_dict_round_trip_resumes_identically():
     batches = [make_batch(np.random.default_rng(i), 8, 4, 3, first_at=[2, None, 1, None]) for i in range(4)]
     a = learner_for(cfg)
     for b in batches[:3]:
-        a.update(b)
+        update_once(a, b)
     b_ = learner_for(make_cfg(2, 4, 2, "dhc.target_update_interval=2", "seed=5"))
     b_.load_state_dict(a.state_dict())
     assert b_.updates == 3
-    out_a, out_b = a.update(batches[3]), b_.update(batches[3])
+    out_a, out_b = update_once(a, batches[3]), update_once(b_, batches[3])
     np.testing.assert_array_equal(out_a["priorities"], out_b["priorities"])
     assert out_a["loss"] == out_b["loss"]
     for net in ("q", "target"):
@@ -422,7 +423,7 @@ def test_postprocess_of_a_mapf_rollout_feeds_replay_masks_survive_and_priorities
     batches, idx, weights = replay.sample_many(1, 64)
     batch = {k: v[0] for k, v in batches.items()} | {"weights": weights[0]}
     check_masks_came_back(trajs, batch)
-    out = learner.update(batch)
+    out = update_once(learner, batch)
     np.testing.assert_allclose(out["priorities"], np.concatenate(worker)[idx[0]], rtol=1e-4, atol=1e-5)
 
 

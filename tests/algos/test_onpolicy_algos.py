@@ -12,6 +12,7 @@ from distrl.config import load_config
 from distrl.envs import VectorEnv, env_spec
 from distrl.roles.factory import make_algorithm
 from distrl.roles.rollout import Rollout
+from distrl.roles.learning import update_once
 
 T, E = 8, 4
 
@@ -49,7 +50,7 @@ def test_one_update_on_a_real_rollout_and_state_round_trip(name, env):
     learner = algo.make_learner("cpu")
     before = learner.get_weights()
     batch = rollout_batch(algo, learner, env=env)
-    out = learner.update(batch)
+    out = update_once(learner, batch)
     for key in ("loss", "loss_policy", "loss_value", "entropy"):
         assert math.isfinite(out[key]), key
     assert "priorities" not in out
@@ -61,7 +62,7 @@ def test_one_update_on_a_real_rollout_and_state_round_trip(name, env):
     # Optimizer state came along too: the same next update gives the same weights.
     for lrn in (learner, other):
         torch.manual_seed(5)
-        lrn.update(batch)
+        update_once(lrn, batch)
     assert weights_equal(learner.get_weights(), other.get_weights())
 
 
@@ -71,14 +72,14 @@ def test_batch_of_several_fragments(name):
     learner = algo.make_learner("cpu")
     batch = rollout_batch(algo, learner, k=2)
     assert batch["obs"].shape == (T, 2 * E, 4) and batch["version"].shape == (T, 2 * E)
-    out = learner.update(batch)
+    out = update_once(learner, batch)
     assert learner.updates == 1 and math.isfinite(out["loss"])
 
 
 def test_ppo_counts_one_update_per_batch_and_reports_optimizer_steps():
     algo = make("ppo", "CartPole-v1", "ppo.epochs=3", "ppo.minibatches=2")
     learner = algo.make_learner("cpu")
-    out = learner.update(rollout_batch(algo, learner))
+    out = update_once(learner, rollout_batch(algo, learner))
     assert learner.updates == 1 and out["optimizer_steps"] == 6
     assert {"approx_kl", "clip_frac", "grad_norm"} <= set(out)
 
@@ -129,7 +130,7 @@ def test_ppo_uses_vtrace_targets_under_policy_lag_and_gae_without():
     c = algo.cfg
     learner = algo.make_learner("cpu")
     batch = rollout_batch(algo, learner)        # version 0
-    learner.update(rollout_batch(algo, learner))  # the learner moves on: updates = 1
+    update_once(learner, rollout_batch(algo, learner))  # the learner moves on: updates = 1
     t = time_major(batch, "cpu")
     shape = t["rewards"].shape
     with torch.no_grad():
@@ -156,7 +157,7 @@ def test_impala_loss_uses_vtrace_with_learner_log_probs():
     c = algo.cfg
     learner = algo.make_learner("cpu")
     batch = rollout_batch(algo, learner)
-    learner.update(rollout_batch(algo, learner))  # makes the batch off-policy
+    update_once(learner, rollout_batch(algo, learner))  # makes the batch off-policy
     t = time_major(batch, "cpu")
     shape = t["rewards"].shape
     with torch.no_grad():
@@ -165,7 +166,7 @@ def test_impala_loss_uses_vtrace_with_learner_log_probs():
         vs, pg = vtrace(t["logp"], logp.view(shape), t["rewards"], values.view(shape), nv,
                         t["terminated"], t["truncated"], c.gamma, c.rho_bar, c.c_bar)
         expected, terms = actor_critic_loss(logp, ent, values, pg.reshape(-1), vs.reshape(-1), c)
-    out = learner.update(batch)
+    out = update_once(learner, batch)
     assert out["loss"] == pytest.approx(expected.item(), rel=1e-5)
     assert out["loss_value"] == pytest.approx(terms["loss_value"].item(), rel=1e-5)
     assert out["rho_mean"] != pytest.approx(1.0, abs=1e-7)
@@ -210,8 +211,8 @@ def test_a3c_applies_in_arrival_order_and_drops_stale_gradients():
     rng = np.random.default_rng(0)
     ga = {n: rng.normal(size=v.shape) for n, v in p0.items()}
     gb = {n: rng.normal(size=v.shape) for n, v in p0.items()}
-    out_a = learner.update(grad_message(learner, ga, 0))
-    out_b = learner.update(grad_message(learner, gb, 0))
+    out_a = update_once(learner, grad_message(learner, ga, 0))
+    out_b = update_once(learner, grad_message(learner, gb, 0))
     assert (out_a["staleness"], out_b["staleness"]) == (0, 1)
     assert out_a["dropped"] == 0 and learner.updates == 2
     p2 = learner.get_weights()
@@ -221,7 +222,7 @@ def test_a3c_applies_in_arrival_order_and_drops_stale_gradients():
         np.testing.assert_allclose(p2[n], expected, rtol=1e-5, atol=1e-5)
         assert not np.allclose(p2[n], swapped, atol=1e-5)
     # Computed at version 0, arriving after 2 updates: staleness 2 > 1, dropped untouched.
-    out = learner.update(grad_message(learner, ga, 0))
+    out = update_once(learner, grad_message(learner, ga, 0))
     assert out["dropped"] == 1 and out["staleness"] == 2 and learner.dropped == 1
     assert learner.updates == 2 and weights_equal(p2, learner.get_weights())
     assert math.isfinite(out["loss"])
@@ -237,5 +238,5 @@ def test_a3c_rejects_concatenated_messages():
     msg = dict(grad_message(learner, {n: np.zeros_like(v) for n, v in learner.get_weights().items()}, 0))
     msg["version"] = np.array([0, 0], np.int32)
     with pytest.raises(ValueError, match="one gradient message"):
-        learner.update(msg)
+        update_once(learner, msg)
 

@@ -9,6 +9,7 @@ import torch
 from distrl.algos.r2d2_acting import rescale, sequence_priorities, unrescale
 from distrl.config import load_config
 from distrl.roles.factory import make_algorithm
+from distrl.roles.learning import update_once
 from tests.algos.test_r2d2_acting import SPEC, make_cfg, reference_targets
 
 
@@ -100,7 +101,7 @@ def test_learner_td_matches_a_step_by_step_reference(core, double, rescaling):
     # Importance-weighted squared TD over the trained real steps, averaged over those steps.
     expected_loss = (0.5 * expected_td ** 2 * batch["weights"]).sum() / batch["mask"][2:6].sum()
     assert loss.item() == pytest.approx(expected_loss, rel=1e-4)
-    out = learner.update(batch)
+    out = update_once(learner, batch)
     np.testing.assert_allclose(out["priorities"], sequence_priorities(np.abs(expected_td), batch["mask"][2:6], 0.9),
                                atol=2e-5)
 
@@ -153,8 +154,8 @@ def test_update_reduces_the_loss_and_returns_item_priorities():
     learner = learner_for(cfg)  # the default 64-unit torso and core
     batch = make_batch(np.random.default_rng(1), 11, 16, (2, 64), first_at=[2] * 4)
     batch["rewards"] = np.sign(batch["rewards"]) * batch["mask"]
-    losses = [learner.update(batch)["loss"] for _ in range(40)]
-    out = learner.update(batch)
+    losses = [update_once(learner, batch)["loss"] for _ in range(40)]
+    out = update_once(learner, batch)
     assert out["priorities"].shape == (16,) and np.all(np.isfinite(out["priorities"]))
     assert np.all(out["priorities"] >= 0) and out["grad_norm"] > 0
     assert np.mean(losses[-5:]) < 0.3 * losses[0]
@@ -164,7 +165,7 @@ def test_update_reduces_the_loss_and_returns_item_priorities():
 def test_learner_rejects_sequences_of_another_length():
     learner = learner_for(make_cfg(2, 4, 2))
     with pytest.raises(ValueError, match="cfg.sequence"):
-        learner.update(make_batch(np.random.default_rng(0), 9, 2, (2, 8)))
+        update_once(learner, make_batch(np.random.default_rng(0), 9, 2, (2, 8)))
 
 
 def test_state_dict_round_trip_resumes_identically():
@@ -173,11 +174,11 @@ def test_state_dict_round_trip_resumes_identically():
     batches = [make_batch(rng, 8, 4, (2, 8), first_at=[2, None, 1, None]) for _ in range(4)]
     a = learner_for(cfg)
     for b in batches[:3]:
-        a.update(b)
+        update_once(a, b)
     b_ = learner_for(make_cfg(2, 4, 2, "r2d2.target_update_interval=2", "seed=5"))
     b_.load_state_dict(a.state_dict())
     assert b_.updates == 3
-    out_a, out_b = a.update(batches[3]), b_.update(batches[3])
+    out_a, out_b = update_once(a, batches[3]), update_once(b_, batches[3])
     np.testing.assert_array_equal(out_a["priorities"], out_b["priorities"])
     assert out_a["loss"] == out_b["loss"]
     for (k, v), w in zip(a.state_dict()["target"].items(), b_.state_dict()["target"].values()):
@@ -219,7 +220,7 @@ def test_postprocess_feeds_sequence_replay_and_worker_priorities_match_the_learn
     real, valid = batch["mask"] == 1, batch["valid"] == 1
     assert np.any(real & (batch["discount"] == 0)), "no terminated episode in the sample"
     assert np.any(real[:-1] & (batch["discount"][:-1] == 1) & valid[1:] & ~real[1:]), "no truncated episode"
-    out = learner.update(batch)
+    out = update_once(learner, batch)
     # Same weights, same stored states: the learner's TD errors are the worker's (incl. the pseudo-step's Q).
     worker = np.concatenate([f.priorities for f in frags])
     np.testing.assert_allclose(out["priorities"], worker[idx[0]], rtol=1e-4, atol=1e-5)
@@ -265,4 +266,4 @@ def test_uint8_frames_learn_as_their_float_frames():
     floats = dict(batch, obs=frames.astype(np.float32) / 255)
     loss_f, td_f, _ = on_floats.loss_and_td({k: torch.as_tensor(v) for k, v in floats.items()})
     assert torch.equal(td_b, td_f) and torch.equal(loss_b, loss_f)
-    assert np.isfinite(on_bytes.update(dict(batch, obs=frames))["loss"])
+    assert np.isfinite(update_once(on_bytes, dict(batch, obs=frames))["loss"])

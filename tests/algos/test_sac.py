@@ -11,6 +11,7 @@ from distrl.algos.sac import SAC, Actor, critic_target, log_std_from_tanh, squas
 from distrl.config import config_class
 from distrl.core import EnvSpec, Trajectory
 from distrl.models.numpy_run import ATOL, RTOL
+from distrl.roles.learning import update_once
 from tests.algos.same_network import check_acts_with_the_learners_network
 
 PENDULUM = EnvSpec(gym.spaces.Box(-np.inf, np.inf, (3,), np.float32),
@@ -89,7 +90,7 @@ def test_learner_uses_discount_zero_as_terminal():
     with torch.no_grad():
         q = learner.critic(torch.as_tensor(batch["obs"]), torch.as_tensor(batch["actions"]))
     expected = (q - torch.as_tensor(batch["rewards"])).abs().mean(0).numpy()
-    out = learner.update(batch)
+    out = update_once(learner, batch)
     np.testing.assert_allclose(out["priorities"], expected, rtol=1e-5, atol=1e-6)
 
 
@@ -113,7 +114,7 @@ def test_temperature_loss_gradient_and_direction(log_pi, grows):
 @pytest.mark.parametrize("target_entropy, grows", [(50.0, True), (-50.0, False)])
 def test_learner_alpha_moves_towards_target_entropy(target_entropy, grows):
     learner = _algo(target_entropy=target_entropy, alpha_lr=0.01).make_learner("cpu")
-    out = learner.update(_batch(PENDULUM))
+    out = update_once(learner, _batch(PENDULUM))
     assert out["alpha"] == pytest.approx(1.0)  # the alpha used in this update
     assert (learner.log_alpha.exp().item() > 1.0) == grows
 
@@ -121,7 +122,7 @@ def test_learner_alpha_moves_towards_target_entropy(target_entropy, grows):
 def test_alpha_fixed_without_autotune():
     learner = _algo(autotune_alpha=False, init_alpha=0.3).make_learner("cpu")
     for _ in range(3):
-        out = learner.update(_batch(PENDULUM))
+        out = update_once(learner, _batch(PENDULUM))
     assert out["alpha"] == pytest.approx(0.3)
     assert learner.log_alpha.exp().item() == pytest.approx(0.3)
 
@@ -225,7 +226,7 @@ def test_update_changes_nets_and_moves_targets_by_tau():
     actor0, critic0, target0 = (_snapshot(m) for m in (learner.actor, learner.critic, learner.critic_target))
     for k in critic0:  # targets start equal to the critics
         assert torch.equal(critic0[k], target0[k])
-    out = learner.update(_batch(PENDULUM))
+    out = update_once(learner, _batch(PENDULUM))
     for key in ("loss", "loss_critic", "loss_actor", "loss_alpha", "alpha", "entropy", "q_mean"):
         assert isinstance(out[key], float) and math.isfinite(out[key]), key
     assert out["loss"] == out["loss_critic"]
@@ -243,7 +244,7 @@ def test_zero_importance_weights_leave_critics_unchanged():
     critic0 = _snapshot(learner.critic)
     batch = _batch(PENDULUM)
     batch["weights"][:] = 0.0
-    out = learner.update(batch)
+    out = update_once(learner, batch)
     assert out["loss_critic"] == 0.0
     for k, v in _snapshot(learner.critic).items():
         torch.testing.assert_close(v, critic0[k])
@@ -253,14 +254,14 @@ def test_state_dict_round_trip_resumes_identically():
     algo = _algo()
     a = algo.make_learner("cpu")
     for i in range(3):
-        a.update(_batch(PENDULUM, seed=i))
+        update_once(a, _batch(PENDULUM, seed=i))
     b = algo.make_learner("cpu")
     b.load_state_dict(a.state_dict())
     assert b.updates == 3
     torch.manual_seed(7)
-    out_a = a.update(_batch(PENDULUM, seed=9))
+    out_a = update_once(a, _batch(PENDULUM, seed=9))
     torch.manual_seed(7)
-    out_b = b.update(_batch(PENDULUM, seed=9))
+    out_b = update_once(b, _batch(PENDULUM, seed=9))
     for key in ("loss_critic", "loss_actor", "alpha", "entropy"):
         assert out_a[key] == out_b[key]
     for k, v in a.get_weights().items():

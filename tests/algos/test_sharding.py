@@ -10,6 +10,7 @@ from distrl.config import load_config
 from distrl.envs import VectorEnv, env_spec
 from distrl.roles.factory import make_algorithm, policy_seed
 from distrl.roles.rollout import Rollout
+from distrl.roles.learning import update_once
 
 CONFIGS = {"apex_dqn": "configs/apex_dqn_cartpole.yaml", "impala": "configs/impala_cartpole.yaml",
            "ppo": "configs/ppo_cartpole.yaml",
@@ -42,9 +43,9 @@ def test_an_update_with_k_gradient_workers_equals_one_learner_on_the_whole_batch
     replicas = [algorithm.make_learner("cpu") for _ in range(k)]  # their own weights: overwritten per step
     sharded.use_gradient_workers(local_gradient_fn(replicas), k)
     torch.manual_seed(1)
-    out_single = single.update(batch)
+    out_single = update_once(single, batch)
     torch.manual_seed(1)  # PPO shuffles its minibatches: the same order for both
-    out_sharded = sharded.update(batch)
+    out_sharded = update_once(sharded, batch)
     before = params(learner_and_batch(algo)[1])
     for a, b, p0 in zip(params(single), params(sharded), before):
         assert not torch.equal(a, p0)  # the update moved the weights
@@ -64,9 +65,9 @@ def test_one_gradient_worker_is_the_single_learner_exactly(algo):
     one = copy.deepcopy(single)
     one.use_gradient_workers(local_gradient_fn([algorithm.make_learner("cpu")]), 1)
     torch.manual_seed(1)
-    out_single = single.update(batch)
+    out_single = update_once(single, batch)
     torch.manual_seed(1)
-    out_one = one.update(batch)
+    out_one = update_once(one, batch)
     before = params(learner_and_batch(algo)[1])
     for a, b, p0 in zip(params(single), params(one), before):
         assert not torch.equal(a, p0)  # the update moved the weights
@@ -101,7 +102,7 @@ def test_a_nonfinite_shard_skips_the_whole_step():
     batch["rewards"] = batch["rewards"].copy()
     batch["rewards"][-1, -1] = np.nan  # poisons the V-trace targets of one env column, in both shards
     before = params(learner)
-    out = learner.update(batch)
+    out = update_once(learner, batch)
     assert out.get("nonfinite") == 1 and learner.updates == 0
     for a, b in zip(before, params(learner)):
         assert torch.equal(a, b)

@@ -4,11 +4,13 @@ import copy
 import os
 
 import numpy as np
+import pytest
 import torch
 
 from distrl.config import load_config
 from distrl.roles.factory import make_algorithm, make_rollout, policy_seed
-from distrl.roles.learning import LearnerLoop, LocalIO
+from distrl.core import TrainStats
+from distrl.roles.learning import LearnerLoop, LocalIO, learn_block
 from distrl.runtime.pacing import experience_spec, learner_loop, make_experience
 
 CONFIGS = os.path.join(os.path.dirname(__file__), "..", "..", "configs")
@@ -93,6 +95,41 @@ def test_weights_with_a_nan_are_never_published_nor_checkpointed():
     assert loop.io.versions() == sent == [0, 2]
     assert all(np.isfinite(w).all() for _, weights in loop.io.sent for w in weights.values())
     assert np.isfinite(loop.io.policy.forward(np.zeros((1, 4), np.float32), None)[0]["q"]).all()
+
+
+@pytest.mark.parametrize("config", ["apex_dqn_cartpole.yaml", "sac_pendulum.yaml"])
+def test_a_nonfinite_update_inside_a_block_is_skipped_on_the_device_and_uncounted_when_read_back(config):
+    """Updates hand back tensors (no wait for the device per update): the one whose reward is NaN takes no
+    step (weights and optimizer state unchanged by it), and once the block is read the learner's count, the
+    stats and the priorities (a NaN row) say so."""
+    loop = wired(config, [*APEX, "learner.batches_per_call=3"], 2)
+    learner = loop.learner
+    block = loop.io.experience.next_block(3)
+    batches, indices, weights = block
+    batches = {k: v.copy() for k, v in batches.items()}
+    batches["rewards"][1, 0] = np.nan
+    outs = [learner.update({k: v[0] for k, v in batches.items()} | ({"weights": weights[0]} if weights is not None else {}))]
+    assert all(torch.is_tensor(v) for v in outs[0].values())  # nothing read back yet
+    before = copy.deepcopy(learner.state_dict())
+    middle = {k: v[1] for k, v in batches.items()} | ({"weights": weights[1]} if weights is not None else {})
+    learner.update(middle)
+    after = learner.state_dict()
+    for name in ("q", "actor", "critic"):
+        if name in before:
+            for key in before[name]:
+                assert torch.equal(before[name][key], after[name][key]), (name, key)
+    opt_before, opt_after = before["opt"]["state"], after["opt"]["state"]
+    for i in opt_before:
+        for key in opt_before[i]:
+            assert torch.equal(torch.as_tensor(opt_before[i][key]), torch.as_tensor(opt_after[i][key])), (i, key)
+    assert learner.updates == 2  # counted until read back
+
+    fresh = wired(config, [*APEX, "learner.batches_per_call=3"], 0)
+    stats = TrainStats()
+    priorities = learn_block(fresh.learner, ({k: v for k, v in batches.items()}, indices, weights), stats)
+    assert (stats.consumed, stats.updates, stats.nonfinite, fresh.learner.updates) == (3, 2, 1, 2)
+    if priorities is not None:
+        assert np.isnan(priorities[1]).all() and np.isfinite(priorities[[0, 2]]).all()
 
 
 def test_state_and_torch_rng_round_trip_and_training_continues_identically():
