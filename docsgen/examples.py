@@ -23,7 +23,7 @@ import typing
 import yaml
 
 EXAMPLE_LANGS = ("bash", "python", "yaml")
-NOT_EXAMPLES = ("text", "mermaid", "json", "csv")
+NOT_EXAMPLES = ("text", "mermaid", "json", "csv", "markdown")
 NOT_RUN = "not run:"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,})(?P<info>[^`\n]*)$")
