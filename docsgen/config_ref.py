@@ -45,8 +45,9 @@ def range_text(meta: typing.Mapping) -> str:
     if meta.get("choices"):
         return "one of " + ", ".join(str(c) for c in meta["choices"])
     if meta.get("item_lo") is not None:
-        least = f"at least {meta['min_items']} " if meta.get("min_items", 1) else ""
-        return f"a list of {least}ints ≥ {meta['item_lo']}".replace("at least 1 ", "≥ 1 ")
+        n = meta.get("min_items", 1)
+        what = {0: "a list", 1: "a non-empty list"}.get(n, f"a list of at least {n}")
+        return f"{what} of ints ≥ {meta['item_lo']}"
     lo, hi = meta.get("lo"), meta.get("hi")
     parts = []
     if lo is not None:
@@ -97,7 +98,9 @@ def _doc(cls: type) -> str:
 
 
 def _section_block(key: str, cls: type, doc: str, defaults: typing.Any = None) -> str:
-    text = f"### `{key}`\n\n{doc[:1].upper()}{doc[1:]}."
+    first, _, rest = doc.partition(" ")
+    doc = f"`{first}` {rest}" if first == key else doc[:1].upper() + doc[1:]
+    text = f"### `{key}`\n\n{doc}."
     if _doc(cls):
         text += f" {_doc(cls)}"
     return text + "\n\n" + table(cls, key + ".", defaults) + "\n"

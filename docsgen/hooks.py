@@ -8,8 +8,6 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # docsgen, from mkdocs
 
-from mkdocs.structure.files import File  # noqa: E402
-
 from docsgen import benchmarks, cli_ref, config_ref, examples  # noqa: E402
 
 log = logging.getLogger("mkdocs.hooks.docsgen")
@@ -40,6 +38,8 @@ def on_config(config):
 
 
 def on_files(files, config):
+    from mkdocs.structure.files import File
+
     for path, text in generated_pages().items():
         if files.get_file_from_path(path) is not None:
             log.warning(f"docs/{path} exists, but the site generates that page: remove the file")

@@ -62,13 +62,11 @@ def scratch(tmp_path, monkeypatch):
 
 def run_command(argv: list[str], where: str) -> None:
     from distrl.cli import main
-    import time; t0 = time.time()  # TIMING
 
     env, argv = examples.env_and_argv(argv)
     if argv[0] == "distrl":
         assert not env, f"{where}: environment variables for an in-process command: mark it not run"
         assert main(argv[1:]) == 0, f"{where}: {shlex.join(argv)} failed"
-        print("TIMING", round(time.time() - t0, 2), shlex.join(argv), file=sys.__stderr__)
         return
     argv = [sys.executable if argv[0] == "python" else argv[0], *argv[1:]]
     proc = subprocess.run(argv, env={**os.environ, **env}, capture_output=True, text=True, timeout=120)
@@ -96,3 +94,61 @@ def test_the_pages_examples_run(page, scratch, ray_session):
     for block in page_blocks(page):
         if block.kind in ("run", "file"):
             run_block(block, page, scratch)
+
+
+PAGE = '''# A page
+
+```bash
+distrl train configs/ppo_cartpole.yaml \\
+    --set ppo.lr=1e-3   # a comment
+ls runs
+```
+
+1. In a list:
+
+    ```python title="my_nets.py"
+    X = 1
+    ```
+
+```bash title="not run: needs a Ray cluster"
+RAY_AUTH_MODE=token distrl train configs/ppo_cartpole.yaml --address auto
+```
+
+```text
+output
+```
+'''
+
+
+def test_blocks_and_their_kinds():
+    found = examples.blocks(PAGE)
+    assert [(b.lang, b.kind) for b in found] == [("bash", "run"), ("python", "file"), ("bash", "skip"),
+                                                 ("text", "other")]
+    assert found[1].title == "my_nets.py" and found[1].text == "X = 1"
+    assert found[2].reason == "needs a Ray cluster"
+    assert examples.commands(found[0].text) == [
+        ["distrl", "train", "configs/ppo_cartpole.yaml", "--set", "ppo.lr=1e-3"], ["ls", "runs"]]
+    assert examples.env_and_argv(examples.commands(found[2].text)[0])[0] == {"RAY_AUTH_MODE": "token"}
+    assert examples.problems(PAGE) == []
+
+
+@pytest.mark.parametrize("text, says", [
+    ("```bash title=\"not run:\"\nls\n```\n", "needs its reason"),
+    ("```sh\nls\n```\n", "examples are bash, python or yaml"),
+    ("```\nls\n```\n", "examples are bash, python or yaml"),
+    ("```bash\ndistrl train configs/ppo_cartpole.yaml --bogus\n```\n", "unrecognized arguments: --bogus"),
+    ("```bash title=\"not run: a cluster\"\ndistrl train configs/ppo_cartpole.yaml --set ppo.lrr=1\n```\n",
+     "unknown config key 'ppo.lrr'"),
+    ("```bash\ndistrl tune configs/ppo_cartpole.yaml --grid replay.alpha=0.5\n```\n", "learns from trajectory data"),
+    ("```yaml\nreplay: {alpha: 2}\n```\n", "config key 'replay.alpha': must be <= 1.0"),
+    ("Set `replay.alhpa` to 0.5.\n", "no config key replay.alhpa"),
+    ("See `tests/no_such_test.py`.\n", "no such file or directory"),
+])
+def test_each_problem_is_found(text, says):
+    found = examples.problems(text)
+    assert len(found) == 1 and says in found[0], found
+
+
+def test_inline_references_that_are_not_config_keys_pass():
+    assert examples.problems("`summary.json`, `env.kwargs.comm_k`, `log.wandb={project: x}`, "
+                             "`env.wrappers[i]`, `distrl.envs.mapf:MAPF`, `bench/results/solve_<config>.json`") == []
