@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 CONFIG ?= configs/apex_dqn_cartpole.yaml
 
-.PHONY: setup run test bench clean
+.PHONY: setup run test bench docs clean
 
 $(BIN)/activate:
 	$(PY) -m venv $(VENV)
@@ -28,9 +28,18 @@ run: setup
 test: setup
 	$(BIN)/python -m pytest tests -n 2 --dist loadfile --no-loadscope-reorder --durations=15
 
+# The documentation site (mkdocs.yml): docs/ plus the pages docsgen/ generates from the code, into site/.
+# --strict: a broken link, a stale reference or an example without its annotation fails the build.
+$(VENV)/.docs-installed: $(VENV)/.installed pyproject.toml
+	$(BIN)/uv pip install -q --python $(BIN)/python -e '.[docs]'
+	touch $@
+
+docs: $(VENV)/.docs-installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 bench: setup
 	$(BIN)/python -m bench.throughput
 	$(BIN)/python -m bench.solve
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache site

@@ -1,4 +1,4 @@
-"""The README's timelines: one traced Ape-X DQN CartPole run per mode, drawn by `distrl timeline`.
+"""The docs' timelines (the README and docs/concepts/modes.md show them): one traced Ape-X DQN CartPole run per mode, drawn by `distrl timeline`.
 
     python -m bench.timelines [--seconds 20] [--window 0.6]
 

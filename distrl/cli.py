@@ -6,6 +6,7 @@ import time
 START = time.time()  # before heavy imports: time-to-solve counts from the command's start
 
 import argparse  # noqa: E402
+import os  # noqa: E402
 import sys  # noqa: E402
 
 
@@ -26,20 +27,20 @@ class _Parser(argparse.ArgumentParser):
 def _train_parser(sub) -> None:
     p = sub.add_parser("train", help="train from a YAML config")
     p.add_argument("config", help="YAML config file (see configs/)")
-    p.add_argument("--mode", choices=["single", "sync", "async"])
-    p.add_argument("--workers", type=int)
+    p.add_argument("--mode", choices=["single", "sync", "async"], help="run mode (sets mode)")
+    p.add_argument("--workers", type=int, help="rollout workers (sets workers)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. --set replay.alpha=0.5 (repeatable)")
     p.add_argument("--run-dir", help="where results go (default runs/<algo>_<env>_<mode>_<time>)")
     p.add_argument("--address", help="join this Ray cluster (e.g. auto); default: embedded local Ray")
     p.add_argument("--device", help="learner (and central inference server) device: auto, cpu, cuda, cuda:N")
-    p.add_argument("--max-seconds", type=float)
-    p.add_argument("--seed", type=int)
+    p.add_argument("--max-seconds", type=float, help="wall-time budget in seconds (sets stop.max_seconds)")
+    p.add_argument("--seed", type=int, help="base seed (sets seed)")
 
 
 def _resume_parser(sub) -> None:
     p = sub.add_parser("resume", help="continue a run from its newest complete checkpoint")
-    p.add_argument("run_dir")
+    p.add_argument("run_dir", help="the run dir to continue")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key for the rest of the run, e.g. --set stop.max_seconds=600")
     p.add_argument("--max-seconds", type=float, help="total wall-time budget, time already spent included")
@@ -48,21 +49,21 @@ def _resume_parser(sub) -> None:
 
 def _eval_parser(sub) -> None:
     p = sub.add_parser("eval", help="greedy evaluation of a run's best checkpoint")
-    p.add_argument("run_dir")
+    p.add_argument("run_dir", help="the run dir whose checkpoints/best.safetensors is played")
     p.add_argument("--episodes", type=int, default=None, help="greedy episodes (default 20; 1 with --video)")
-    p.add_argument("--seed", type=int, default=12345)
+    p.add_argument("--seed", type=int, default=12345, help="seed of the evaluation envs")
     p.add_argument("--video", metavar="FILE.mp4", help="film the episodes, one after another, into this mp4")
 
 
 def _record_parser(sub) -> None:
     p = sub.add_parser("record", help="play a run's best checkpoint into a Minari dataset")
-    p.add_argument("run_dir")
-    p.add_argument("--episodes", type=int, required=True)
+    p.add_argument("run_dir", help="the run dir whose checkpoints/best.safetensors is played")
+    p.add_argument("--episodes", type=int, required=True, help="whole episodes to record")
     p.add_argument("-o", "--output", required=True, metavar="DATASET",
                    help="the new dataset's directory, named like name-vN (Minari's dataset ids)")
     p.add_argument("--epsilon", type=float, default=0.0, help="replace each action by a random one with this probability")
     p.add_argument("--explore", action="store_true", help="act with the policy's own exploration (sampling)")
-    p.add_argument("--seed", type=int, default=12345)
+    p.add_argument("--seed", type=int, default=12345, help="seed of the recording envs")
 
 
 def _config_parser(sub) -> None:
@@ -123,15 +124,15 @@ def _window_flags(p) -> None:
 
 def _observe_parsers(sub) -> None:
     p = sub.add_parser("timeline", help="draw a traced run's processes over time as a PNG")
-    p.add_argument("run_dir")
+    p.add_argument("run_dir", help="a run dir trained with log.trace: true")
     _window_flags(p)
     p.add_argument("-o", "--output", help="PNG to write (default RUN_DIR/timeline.png)")
     p = sub.add_parser("report", help="where a traced run's time went, and its bottleneck")
-    p.add_argument("run_dir")
+    p.add_argument("run_dir", help="a run dir trained with log.trace: true")
     _window_flags(p)
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p = sub.add_parser("plot", help="learning curves of runs, grouped by algo, env and mode")
-    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run dirs, or a sweep dir (its trials)")
     p.add_argument("-o", "--output", help="PNG to write (default plot.png in the first run dir)")
 
 
@@ -238,7 +239,8 @@ def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split()).encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The `distrl` command and its subcommands (the CLI reference of the docs is generated from it)."""
     parser = _Parser(prog="distrl", description="distributed deep RL on Ray + PyTorch")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _train_parser(sub)
@@ -248,6 +250,20 @@ def main(argv: list[str] | None = None) -> int:
     _config_parser(sub)
     _observe_parsers(sub)
     _tune_parser(sub)
+    return parser
+
+
+def _user_modules_importable() -> None:
+    """A user's own modules (`model.torso: my_nets:Torso`, an env or wrapper `module:Class`) import from the
+    directory distrl runs in, as they would under `python -m`: the `distrl` script's own directory is the
+    one Python put first on the path, not the working directory. Ray's embedded workers get the same path."""
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    _user_modules_importable()
     from distrl.checkpoint import CheckpointError
     from distrl.config import ConfigError
     from distrl.core import RoleLost, RoleRestarted

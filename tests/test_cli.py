@@ -223,3 +223,23 @@ def test_config_with_a_bad_key_is_one_line_exit_2(capsys, argv, message):
     code, out, err = run_main(capsys, "config", os.path.join(ROOT, "configs", "ppo_cartpole.yaml"), *argv)
     assert_one_line_exit_2(code, err, message)
     assert out == ""
+
+
+def test_a_users_module_imports_from_the_working_directory(capsys, tmp_path, monkeypatch):
+    """`model.torso: my_nets:Torso` with my_nets.py where distrl runs: the `distrl` script puts its own
+    directory first on the path, not the working directory, so the CLI adds it (as `python -m` would)."""
+    (tmp_path / "my_nets_cli.py").write_text(
+        "from torch import nn\n\n"
+        "class Torso(nn.Module):\n"
+        "    def __init__(self, observation_space, model_cfg):\n"
+        "        super().__init__()\n"
+        "        self.body, self.out_features = nn.Linear(observation_space.shape[0], 8), 8\n\n"
+        "    def forward(self, obs):\n"
+        "        return self.body(obs.float())\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    code, out, err = run_main(capsys, "train", os.path.join(ROOT, "configs", "ppo_cartpole.yaml"), "--run-dir", "run",
+                              "--set", "model.torso=my_nets_cli:Torso", "--set", "stop.max_env_steps=100",
+                              "--set", "log.progress=false")
+    assert code == 0, err
+    assert "not solved (max_env_steps)" in out

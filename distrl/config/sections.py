@@ -78,7 +78,7 @@ class LearnerConfig:
     fragments_per_update: int = f(0, "on-policy: fragments per update (0 = one per worker)", lo=0)
     num_gradient_workers: int = f(1, "processes that each compute the gradient of a share of every step's rows "
                                   "for the learner's one optimizer step (1 = the learner alone; sync and async "
-                                  "modes; apex_dqn, impala, ppo)", lo=1, hi=256)
+                                  "modes; apex_dqn, impala, ppo, bc, and cql on discrete actions)", lo=1, hi=256)
 
 
 @dataclass

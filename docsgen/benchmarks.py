@@ -1,0 +1,145 @@
+"""The benchmark pages: bench/RESULTS.md as a page of the site (read at build time, never copied), and the
+headline table, computed from bench/results/*.json (the same table stands in the README between markers;
+`python -m docsgen.benchmarks` rewrites it there, and a test checks that it is current)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS_DIR = os.path.join(ROOT, "bench", "results")
+RESULTS_MD = os.path.join(ROOT, "bench", "RESULTS.md")
+RESULTS_PAGE = "benchmarks/results.md"
+INDEX_PAGE = "benchmarks/index.md"
+README = os.path.join(ROOT, "README.md")
+BEGIN = "<!-- headlines: generated from bench/results/*.json by `python -m docsgen.benchmarks`; do not edit -->"
+END = "<!-- end of headlines -->"
+
+
+def load(name: str) -> dict:
+    with open(os.path.join(RESULTS_DIR, name), encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def solve_median(name: str) -> dict:
+    """The median block of this code's runs in a `bench.solve` JSON (in a `--against REV` file, the side
+    that is not REV)."""
+    data = load(name)
+    against = re.search(r"_vs_([0-9a-f]+)\.json$", name)
+    keys = [k for k in data["median"] if not (against and k.startswith(against.group(1)))]
+    if len(keys) != 1:
+        raise ValueError(f"{name}: expected one median of this code, found {keys}")
+    return data["median"][keys[0]]
+
+
+def _s(x: float) -> str:
+    return f"{x:,.0f} s" if x >= 100 else f"{x:.1f} s"
+
+
+def _solved(m: dict) -> str:
+    return f"{m['solved']}/{m['runs']} seeds, median {_s(m['time_to_solve_s'])}"
+
+
+def headline_rows() -> list[tuple[str, str, str, str]]:
+    """(task, distrl, peer on the same machine, JSON files): every figure read from bench/results."""
+    ppo = solve_median("solve_ppo_cartpole_vs_53bd0a7.json")
+    sb3_ppo = load("sb3_cartpole.json")["summary"]
+    apex_minatar = solve_median("solve_apex_dqn_minatar_breakout.json")
+    ppo_minatar = solve_median("solve_ppo_minatar_breakout.json")
+    sb3_dqn = load("sb3_minatar.json")["summary"]
+    atari = load("atari_peer.json")
+    offline = load("offline.json")["median"]
+    hour = load("atari_breakout_60min.json")["summary"]
+    soak = load("soak.json")
+    growth = max(abs(v["rss"]["growth_pct"]) for v in soak["growth"].values())
+    kept = "the checkpoint and resume restored every counter and the replay" if soak["nothing_lost"]["ok"] else \
+        "NOT everything was kept (see the soak section)"
+    cql, d3_cql = offline["CQL, mixed CartPole / distrl"], offline["CQL, mixed CartPole / d3rlpy"]
+    bc, d3_bc = offline["BC, expert CartPole / distrl"], offline["BC, expert CartPole / d3rlpy"]
+    r2d2 = solve_median("solve_r2d2_position_only_cartpole_vs_53bd0a7.json")
+    dhc = solve_median("solve_dhc_mapf_8x8_vs_53bd0a7.json")
+    sac = solve_median("solve_sac_lunarlander_continuous_vs_53bd0a7.json")
+    return [
+        ("PPO solves CartPole-v1 (475)", _solved(ppo),
+         f"Stable-Baselines3 PPO, rl-zoo settings: {sb3_ppo['ratio_sb3_over_distrl']:.2f}× distrl's time "
+         f"({_s(sb3_ppo['sb3']['median_time_to_solve_s'])} against {_s(sb3_ppo['distrl']['median_time_to_solve_s'])}, "
+         f"{sb3_ppo['distrl']['runs']} seeds)", "solve_ppo_cartpole_vs_53bd0a7, sb3_cartpole"),
+        ("Ape-X DQN reaches 10 on MinAtar Breakout", _solved(apex_minatar),
+         f"Stable-Baselines3 DQN: {sb3_dqn['sb3']['solved']}/{sb3_dqn['sb3']['runs']} seeds within "
+         f"{_s(load('sb3_minatar.json')['budget_s'])}, ≥ {sb3_dqn['ratio_unsolved_as_budget']:.2f}× distrl's time",
+         "solve_apex_dqn_minatar_breakout, sb3_minatar"),
+        ("PPO reaches 10 on MinAtar Breakout", _solved(ppo_minatar), "", "solve_ppo_minatar_breakout"),
+        ("Atari Breakout PPO training, agent steps/s", f"{atari['best_agent_steps_per_s']['distrl']:.0f}",
+         f"Sample Factory: {atari['best_agent_steps_per_s']['sample-factory']:.0f} (distrl "
+         f"{atari['ratio_distrl_over_sample_factory']:.2f}×)", "atari_peer"),
+        ("CQL on a mixed CartPole dataset (475)", _solved(cql),
+         f"d3rlpy CQL: {_solved(d3_cql)} (unsolved counted as the budget)", "offline"),
+        ("BC on an expert CartPole dataset (475)", _solved(bc), f"d3rlpy BC: {_solved(d3_bc)}", "offline"),
+        ("R2D2 solves CartPole without velocities", _solved(r2d2), "", "solve_r2d2_position_only_cartpole_vs_53bd0a7"),
+        ("DHC: 4 agents on an 8×8 map, ≥ 90% success", _solved(dhc), "", "solve_dhc_mapf_8x8_vs_53bd0a7"),
+        ("SAC reaches 200 on LunarLanderContinuous", _solved(sac) + f" of a {_s(sac['budget_s'])} budget", "",
+         "solve_sac_lunarlander_continuous_vs_53bd0a7"),
+        ("Ape-X DQN on Atari Breakout, one hour", f"best eval {hour['best_eval_return']} after "
+         f"{hour['env_steps'] / 1e3:,.0f}k agent steps (4 frames each: {hour['env_steps'] * 4 / 1e6:.2f}M frames)", "",
+         "atari_breakout_60min"),
+        (f"{soak['minutes']:.0f} minutes of an async run, its learner and parameter server killed",
+         f"every role's memory within {growth:.1f}% of its size after warm-up; {kept}", "", "soak"),
+    ]
+
+
+def headline_table(link_prefix: str) -> str:
+    """The headline table in markdown; `link_prefix`: where bench/results/ is from the page."""
+    lines = ["| on 2 vCPUs, no GPU | distrl | peer, same machine and criterion | JSON |", "|---|---|---|---|"]
+    for task, ours, peer, files in headline_rows():
+        links = ", ".join(f"[{f}]({link_prefix}{f}.json)" for f in files.split(", "))
+        lines.append(f"| {task} | {ours} | {peer or '—'} | {links} |")
+    return "\n".join(lines)
+
+
+def readme_block() -> str:
+    return f"{BEGIN}\n{headline_table('bench/results/')}\n{END}"
+
+
+def readme_with_headlines(text: str) -> str:
+    """`text` (the README) with its headline block replaced by the one computed now."""
+    start, end = text.index(BEGIN), text.index(END) + len(END)
+    return text[:start] + readme_block() + text[end:]
+
+
+def index_page() -> str:
+    return "\n".join([
+        "# Benchmarks\n",
+        "Headline figures, computed from the JSON each benchmark wrote to `bench/results/` when the site was "
+        "built (`docsgen/benchmarks.py`): medians over seeds, each run timed from its command's start (Python, "
+        "torch and Ray start-up included), on 2-vCPU VMs with no GPU. Every table, with what was measured, the "
+        "command, the commit and the machine, is in [Results](results.md); how to run the benchmarks is in "
+        "[Running the benchmarks](running.md).\n",
+        headline_table("results/"),
+    ])
+
+
+def results_page() -> tuple[str, list[str]]:
+    """bench/RESULTS.md as a page under benchmarks/, and the files under bench/results/ it links to."""
+    with open(RESULTS_MD, encoding="utf-8") as fh:
+        text = fh.read()
+    linked = sorted(set(re.findall(r"\]\(results/([^)\s]+)\)", text)))
+    return text, linked
+
+
+def results_files() -> list[str]:
+    """Every JSON under bench/results/ (the headline table links to them)."""
+    return sorted(n for n in os.listdir(RESULTS_DIR) if n.endswith(".json"))
+
+
+def pages() -> dict[str, str]:
+    return {INDEX_PAGE: index_page(), RESULTS_PAGE: results_page()[0]}
+
+
+if __name__ == "__main__":
+    with open(README, encoding="utf-8") as fh:
+        current = fh.read()
+    with open(README, "w", encoding="utf-8") as fh:
+        fh.write(readme_with_headlines(current))
+    print(f"{README}: headlines rewritten", file=sys.stderr)
