@@ -170,8 +170,12 @@ class Learner(abc.ABC):
         self.updates -= skipped
 
     @abc.abstractmethod
+    def weight_tensors(self) -> dict[str, Any]:
+        """The acting network's state_dict, live on the learner's device: what policies load."""
+
     def get_weights(self) -> Weights:
-        """Parameters the policies need, as numpy arrays."""
+        """`weight_tensors` as numpy arrays that do not alias them (waits for the device)."""
+        return {k: v.detach().cpu().numpy().copy() for k, v in self.weight_tensors().items()}
 
     @abc.abstractmethod
     def state_dict(self) -> dict[str, Any]:

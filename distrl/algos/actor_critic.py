@@ -23,8 +23,8 @@ from distrl.algos.common import HALF_LOG_2PI, NetworkAlgorithm, adam, as_tensors
 from distrl.algos.sharding import ShardedLearner, Step
 from distrl.config.fields import f
 from distrl.config.sections import ModelConfig
-from distrl.core import Batch, Learner, Weights
-from distrl.models import make_torso, to_numpy_weights
+from distrl.core import Batch, Learner
+from distrl.models import make_torso
 
 
 @dataclass
@@ -190,8 +190,8 @@ class ActorCriticLearner(ShardedLearner, Learner):
         out.update({k: v for k, v in extra.items() if not torch.is_tensor(v)})
         return out
 
-    def get_weights(self) -> Weights:
-        return to_numpy_weights(self.net)
+    def weight_tensors(self) -> dict:
+        return self.net.state_dict()
 
     def state_dict(self) -> dict[str, Any]:
         # A deep copy: a snapshot later updates can't mutate.

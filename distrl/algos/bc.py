@@ -23,7 +23,7 @@ from distrl.algos.sharding import ShardedLearner
 from distrl.config.fields import f
 from distrl.config.sections import ModelConfig
 from distrl.core import Batch, Learner, Trajectory
-from distrl.models import make_torso, to_numpy_weights
+from distrl.models import make_torso
 
 
 @dataclass
@@ -71,8 +71,8 @@ class BCLearner(ShardedLearner, Learner):
         self.updates += 1
         return step_report(norm, bad, loss, **terms)
 
-    def get_weights(self):
-        return to_numpy_weights(self.net)
+    def weight_tensors(self) -> dict:
+        return self.net.state_dict()
 
     def state_dict(self) -> dict:
         return copy.deepcopy({"net": self.net.state_dict(), "opt": self.opt.state_dict(), "updates": self.updates})

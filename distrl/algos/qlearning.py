@@ -11,7 +11,6 @@ from torch import nn
 
 from distrl.algos.common import adam, guarded_step, load_optimizer_state, step_report
 from distrl.config.fields import f
-from distrl.models import to_numpy_weights
 
 
 @dataclass
@@ -99,8 +98,8 @@ class TargetNetworkState:
             self.target.load_state_dict(self.q.state_dict())
         return norm, bad
 
-    def get_weights(self):
-        return to_numpy_weights(self.q)
+    def weight_tensors(self) -> dict:
+        return self.q.state_dict()
 
     def state_dict(self) -> dict:
         # Deep copy: torch hands out live tensors, which a checkpoint must not alias.

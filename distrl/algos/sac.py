@@ -24,8 +24,8 @@ from distrl.algos.common import (HALF_LOG_2PI, BoxScaler, NetworkAlgorithm, Netw
                                  guarded_step, load_optimizer_state, nstep_items, step_report)
 from distrl.config.fields import f
 from distrl.config.sections import ModelConfig
-from distrl.core import Batch, Learner, Trajectory, Weights
-from distrl.models import StackedLinear, make_ensemble, make_torso, to_numpy_weights
+from distrl.core import Batch, Learner, Trajectory
+from distrl.models import StackedLinear, make_ensemble, make_torso
 
 
 @dataclass
@@ -171,8 +171,8 @@ class SACLearner(Learner):
         """A term added to the critics' loss, and its stats: none for SAC (CQL adds its conservative gap)."""
         return 0.0, {}
 
-    def get_weights(self) -> Weights:
-        return to_numpy_weights(self.actor)
+    def weight_tensors(self) -> dict:
+        return self.actor.state_dict()
 
     def state_dict(self) -> dict[str, Any]:
         # A deep copy: a snapshot later updates can't mutate (torch returns live tensors).

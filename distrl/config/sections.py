@@ -75,6 +75,10 @@ class LearnerConfig:
     batch_size: int = f(256, "items (transitions or sequences) per gradient update", lo=1)
     batches_per_call: int = f(8, "batches fetched from the replay server per round trip", lo=1, hi=1024)
     publish_interval: int = f(8, "updates between weight publications to the parameter server", lo=1)
+    publish_interval_s: float | None = f(0.25, "replay algorithms: also publish once this many seconds passed "
+                                         "since the last publication, whatever the updates (null = by updates "
+                                         "only); weights are copied out and sent on a thread of their own",
+                                         lo=0.0, lo_open=True, hi=WEEK_S)
     fragments_per_update: int = f(0, "on-policy: fragments per update (0 = one per worker)", lo=0)
     num_gradient_workers: int = f(1, "processes that each compute the gradient of a share of every step's rows "
                                   "for the learner's one optimizer step (1 = the learner alone; sync and async "

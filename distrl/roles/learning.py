@@ -15,24 +15,29 @@ import numpy as np
 from distrl.core import Learner, TrainStats, Weights
 from distrl.observe.trace import tracer
 from distrl.replay.store import Block, block_priority_update
+from distrl.roles.transfer import BlockFeeder, ReadyBlock, WeightPublisher, on_device
 
 
-def learn_block(learner: Learner, block: Block, stats: TrainStats) -> np.ndarray | None:
-    """One `update` per batch in the block, then their outputs read back from the learner's device at once;
-    return (K, B) priorities if the learner gave any (NaN rows: updates that took no step).
+def learn_block(learner: Learner, block: Block | ReadyBlock, stats: TrainStats) -> np.ndarray | None:
+    """One `update` per batch in the block (as replay gave it, or made ready on the learner's device),
+    then their outputs read back from the device at once; return (K, B) priorities if the learner gave
+    any (NaN rows: updates that took no step).
 
     Policy lag of a batch = learner updates so far - mean version of its data,
     where a version is the learner's update count when those weights were published.
     """
-    batches, _, weights = block
-    k = next(iter(batches.values())).shape[0]
+    ready = block if isinstance(block, ReadyBlock) else on_device(block, "cpu")
+    ready.wait()
+    host = ready.host[0]
+    k = ready.size
+    if "version" in host:  # a dataset's items were made by no weights: no lag
+        versions = np.asarray(host["version"], np.float64).reshape(k, -1).mean(axis=1)
+        stats.lags.extend((learner.updates + np.arange(k) - versions).tolist())
     outs = []
     for i in range(k):
-        batch = {key: v[i] for key, v in batches.items()}
-        if weights is not None:
-            batch["weights"] = weights[i]
-        if "version" in batch:  # a dataset's items were made by no weights: no lag
-            stats.lags.append(float(learner.updates - batch["version"].mean()))
+        batch = {key: v[i] for key, v in ready.batches.items()}
+        if ready.weights is not None:
+            batch["weights"] = ready.weights[i]
         outs.append(learner.update(batch))
     outs, unread_skips = read_back(outs)
     learner.uncount(unread_skips)
@@ -107,62 +112,83 @@ class LearnerIO(abc.ABC):
         """Make `weights` the newest for workers and the evaluator; `restored`: even if `version` is
         lower than one published before (the learner went back to a checkpoint)."""
 
-    def flush(self) -> None:
-        """Wait until every priority write and publication has landed."""
+    overlaps: bool = False
+    """Its blocks come from and its weights go to other processes: fetching and sending can run on
+    threads beside the training (a store in this process is added to between learner calls)."""
+
+    def flush(self, wait: bool = True) -> None:
+        """Wait until every priority write and publication has landed (`wait` False: forget those that
+        have, without waiting for the others)."""
 
 
 class LearnerLoop:
-    """Runs blocks of updates, publishes every `publish_interval` updates, and saves and restores the
-    learner with its RNG. Every call ends with the newest weights published. `prefetch`: ask for the
-    next block while this one trains (replay; on-policy data must come from the newest weights).
+    """Runs blocks of updates, publishes every `publish_interval` updates or `publish_interval_s` seconds,
+    and saves and restores the learner with its RNG. `prefetch`: the next block is brought (and made
+    ready on the learner's device) while this one trains (replay; on-policy data must come from the
+    newest weights). `continuous`: calls follow one another without the driver waiting on them (async
+    mode): the next block is asked for across calls, and a call returns without waiting for its
+    publications and priority writes to land. Otherwise every call ends with the newest weights
+    published and landed (a sync round's broadcast pull sees them, and sync runs are deterministic).
     """
 
-    def __init__(self, learner: Learner, io: LearnerIO, publish_interval: int, prefetch: bool):
+    def __init__(self, learner: Learner, io: LearnerIO, publish_interval: int, prefetch: bool,
+                 publish_interval_s: float | None = None, continuous: bool = False):
         self.learner, self.io = learner, io
-        self.publish_interval, self.prefetch = publish_interval, prefetch
+        self.publish_interval, self.publish_interval_s = publish_interval, publish_interval_s
+        self.prefetch, self.continuous = prefetch, continuous
+        device = str(getattr(learner, "device", "cpu"))
+        self.feeder = BlockFeeder(io.request, io.receive, device, threaded=prefetch and io.overlaps)
+        self.publisher = WeightPublisher(learner.weight_tensors, io.publish, device, threaded=io.overlaps)
         self.version = -1
         self.poisoned = False
 
-    def publish(self, restored: bool = False) -> int:
-        """Send the newest weights out, unless one of them is NaN or inf (then `poisoned`, and nothing is sent)."""
-        weights = self.learner.get_weights()
-        if not all_finite(weights):
-            self.poisoned = True
-            return self.version
-        with tracer().span("publish", "transfer", version=self.learner.updates):
-            self.version = self.learner.updates
-            self.io.publish(self.version, weights, restored)
-            tracer().flow_out("weights", self.version)
+    def publish(self, restored: bool = False, wait: bool = True) -> int:
+        """Snapshot the newest weights and send them out (`wait`: until they are sent), unless one of them
+        is NaN or inf (then `poisoned`, and nothing is sent). Without `wait` a snapshot is skipped while the
+        one before is still being sent (a later one carries newer weights)."""
+        version = self.learner.updates
+        with tracer().span("publish", "transfer", version=version):
+            sent = self.publisher.publish(version, restored, wait)
+            if sent:
+                tracer().flow_out("weights", version)
+        self.poisoned |= self.publisher.poisoned
+        if sent and not self.publisher.poisoned:
+            self.version = version
         return self.version
+
+    def _publish_due(self) -> bool:
+        unpublished = self.learner.updates - self.version
+        return unpublished >= self.publish_interval or (unpublished > 0 and self.publisher.due(self.publish_interval_s))
 
     def train(self, num_updates: int) -> TrainStats:
         """Up to `num_updates` updates; stops early when the store has nothing to give."""
         stats = TrainStats()
         t_start = time.perf_counter()
-        prefetch = None
         while stats.consumed < num_updates:
             t0 = time.perf_counter()
-            handle = prefetch if prefetch is not None else self.io.request(num_updates - stats.consumed)
-            prefetch = None
-            block = self.io.receive(handle)
+            with tracer().span("wait_batch", "wait"):
+                ready = self.feeder.take(num_updates - stats.consumed)
             stats.wait_s += time.perf_counter() - t0
-            if block is None:
+            if ready is None:
                 stats.starved = True  # the driver then lets workers sample even if updates lag
                 break
-            left = num_updates - stats.consumed - next(iter(block[0].values())).shape[0]
-            if left > 0 and self.prefetch:
-                prefetch = self.io.request(left)  # the next block travels while this one trains
-            with tracer().span("update_block", "learning", updates=next(iter(block[0].values())).shape[0]):
-                update = block_priority_update(block, learn_block(self.learner, block, stats))
+            left = num_updates - stats.consumed - ready.size
+            if self.prefetch and (left > 0 or self.continuous):
+                self.feeder.ask(left if left > 0 else ready.size)  # the next block travels while this one trains
+            with tracer().span("update_block", "learning", updates=ready.size):
+                update = block_priority_update(ready.host, learn_block(self.learner, ready, stats))
             if update is not None:
                 self.io.write_priorities(*update)
-            if self.learner.updates - self.version >= self.publish_interval:
+            if self._publish_due():
+                self.publish(wait=False)
+        if not self.continuous:
+            if self.learner.updates != self.version:
                 self.publish()
-        if self.learner.updates != self.version:
-            self.publish()
-        # Weights and priorities land before the call returns, so a sync round's broadcast
-        # pull and the driver's next add see them (and sync runs are deterministic).
-        self.io.flush()
+            self.publisher.settle()
+            self.io.flush()
+        else:
+            self.io.flush(wait=False)
+        self.poisoned |= self.publisher.poisoned
         stats.version, stats.poisoned = self.version, self.poisoned
         stats.learner_s = time.perf_counter() - t_start - stats.wait_s
         return stats
@@ -181,6 +207,8 @@ class LearnerLoop:
         even weights of a later version that died with a previous learner process."""
         import torch
 
+        self.feeder.drop()  # sampled for the learner being replaced
+        self.publisher.settle()
         self.learner.load_state_dict(state["state"])
         torch.set_rng_state(state["torch_rng"])
         version = self.publish(restored=True)

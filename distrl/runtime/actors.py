@@ -205,6 +205,8 @@ class RolloutWorker(Traced):
 class RayIO(LearnerIO):
     """The Learner actor's data path: blocks from the ReplayServer, weights to the ParameterServer."""
 
+    overlaps = True
+
     def __init__(self, ps, replay):
         self.ps, self.replay = ps, replay
         self.outstanding: list = []  # priority writes and pushes not yet confirmed
@@ -213,8 +215,7 @@ class RayIO(LearnerIO):
         return self.replay.next_block.remote(max_updates)
 
     def receive(self, handle):
-        with tracer().span("wait_batch", "wait"):
-            return ray.get(handle)
+        return ray.get(handle)
 
     def write_priorities(self, indices, priorities, generations) -> None:
         self.outstanding.append(self.replay.update_priorities.remote(indices, priorities, generations))
@@ -222,10 +223,13 @@ class RayIO(LearnerIO):
     def publish(self, version: int, weights: Weights, restored: bool = False) -> None:
         self.outstanding.append(self.ps.push.remote(version, weights, restored))
 
-    def flush(self) -> None:
+    def flush(self, wait: bool = True) -> None:
         """Wait for the priority writes and pushes; one lost to a dead replay or parameter server is
         dropped (priorities go with the replay; the next publication reaches the restarted server)."""
         refs, self.outstanding = self.outstanding, []
+        if not wait and refs:  # read those that landed (their errors too), keep the rest for later
+            refs, pending = ray.wait(refs, num_returns=len(refs), timeout=0)
+            self.outstanding = pending + self.outstanding
         for ref in refs:
             try:
                 ray.get(ref)
@@ -249,7 +253,8 @@ class Learner(Traced):
         if gradient_workers:
             learner.use_gradient_workers(ray_gradient_fn([peer(g) for g in gradient_workers], cfg.fault.role_timeout_s),
                                          len(gradient_workers))
-        self.loop = learner_loop(learner, cfg.algo, cfg.learner.publish_interval, RayIO(peer(ps), peer(replay)))
+        self.loop = learner_loop(learner, cfg.algo, cfg.learner, RayIO(peer(ps), peer(replay)),
+                                 continuous=cfg.mode == "async")
         self.trimmer = HeapTrimmer()
 
 

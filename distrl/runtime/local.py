@@ -34,7 +34,7 @@ class LocalRoles(Roles):
         learner = algo.make_learner(resolve_device(cfg.device))
         self.policy = algo.make_policy(0, 1, policy_seed(cfg.seed, 0))
         self.experience = make_experience(experience_spec(cfg), cfg)
-        self.loop = learner_loop(learner, cfg.algo, cfg.learner.publish_interval, LocalIO(self.experience, self.policy))
+        self.loop = learner_loop(learner, cfg.algo, cfg.learner, LocalIO(self.experience, self.policy))
         self.loop.publish()
         # An offline run's replay holds its dataset: no env is stepped but the evaluator's.
         self.rollout = None if cfg.data.dataset else make_rollout(cfg, self.policy, cfg.seed, 0)

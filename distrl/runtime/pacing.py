@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from distrl.config import Config
-from distrl.config.sections import ReplayConfig
+from distrl.config.sections import LearnerConfig, ReplayConfig
 from distrl.registry import algorithm, on_policy
 from distrl.replay.rate_limiter import RateLimiter
 from distrl.replay.store import Take, make_store
@@ -93,10 +93,12 @@ def make_experience(spec: ExperienceSpec, offline: Config | None = None) -> Expe
     return experience
 
 
-def learner_loop(learner, algo: str, publish_interval: int, io) -> LearnerLoop:
-    """The learner's loop for algorithm `algo`: on-policy data must come from the newest weights, so those
-    algorithms publish after every update and never prefetch; replay algorithms publish every
-    `publish_interval` (learner.publish_interval) updates."""
+def learner_loop(learner, algo: str, lc: LearnerConfig, io, continuous: bool = False) -> LearnerLoop:
+    """The learner's loop for algorithm `algo` (`lc`: the learner section): on-policy data must come from the
+    newest weights, so those algorithms publish after every update and never prefetch; replay algorithms
+    publish every learner.publish_interval updates or learner.publish_interval_s seconds. `continuous`:
+    the driver does not wait on its calls (async mode)."""
     if on_policy(algo):
         return LearnerLoop(learner, io, publish_interval=1, prefetch=False)
-    return LearnerLoop(learner, io, publish_interval, prefetch=True)
+    return LearnerLoop(learner, io, lc.publish_interval, prefetch=True, publish_interval_s=lc.publish_interval_s,
+                       continuous=continuous)

@@ -166,6 +166,11 @@ class RayRoles(Roles):
             budget -= n
             if self.pool.gatherer.waits_for_learner:
                 done.extend(self._train_result(ref))
+        if final and not self.pool.gatherer.waits_for_learner:  # its calls left their last weights unpublished
+            try:
+                self._get(self.learner.publish.remote(), "learner")
+            except RoleRestarted:  # restored from a checkpoint, whose weights it published
+                pass
         for s in done:
             self.timings["learner_s"] += s.learner_s
             self.timings["learner_wait_s"] += s.wait_s

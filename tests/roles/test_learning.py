@@ -14,7 +14,7 @@ from distrl.roles.learning import LearnerLoop, LocalIO, learn_block
 from distrl.runtime.pacing import experience_spec, learner_loop, make_experience
 
 CONFIGS = os.path.join(os.path.dirname(__file__), "..", "..", "configs")
-APEX = ["learner.batch_size=32", "learner.batches_per_call=2", "learner.publish_interval=3"]
+APEX = ["learner.batch_size=32", "learner.batches_per_call=2", "learner.publish_interval=3", "learner.publish_interval_s=null"]
 
 
 class RecordingIO(LocalIO):
@@ -45,7 +45,7 @@ def wired(config: str, overrides: list[str], fragments: int) -> LearnerLoop:
     algo = make_algorithm(cfg)
     policy = algo.make_policy(0, 1, policy_seed(cfg.seed, 0))
     experience = make_experience(experience_spec(cfg))
-    loop = learner_loop(algo.make_learner("cpu"), cfg.algo, cfg.learner.publish_interval, RecordingIO(experience, policy))
+    loop = learner_loop(algo.make_learner("cpu"), cfg.algo, cfg.learner, RecordingIO(experience, policy))
     loop.publish()
     rollout = make_rollout(cfg, policy, cfg.seed, 0)
     for _ in range(fragments):

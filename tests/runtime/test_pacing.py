@@ -13,6 +13,8 @@ from distrl.replay import ReplayBuffer
 from distrl.replay.fifo import FragmentQueue
 from distrl.replay.rate_limiter import RateLimiter
 from distrl.replay.sequence_replay import SequenceReplay
+from distrl.roles.factory import make_algorithm
+from distrl.roles.learning import LocalIO
 from distrl.runtime.pacing import experience_spec, learner_loop, make_experience, pacing, sequence_length
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -104,6 +106,6 @@ def test_a_store_is_built_from_its_spec_without_torch(name):
     ("ppo_cartpole.yaml", 1, False), ("a3c_cartpole.yaml", 1, False), ("impala_cartpole.yaml", 1, False)])
 def test_on_policy_learners_publish_every_update_and_never_prefetch(name, publish_interval, prefetch):
     cfg = config(name)
-    loop = learner_loop(None, cfg.algo, cfg.learner.publish_interval, None)
+    loop = learner_loop(make_algorithm(cfg).make_learner("cpu"), cfg.algo, cfg.learner, LocalIO(None, None))
     assert loop.publish_interval == (publish_interval or cfg.learner.publish_interval)
     assert loop.prefetch is prefetch
