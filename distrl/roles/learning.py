@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import abc
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -137,7 +138,10 @@ class LearnerLoop:
         self.publish_interval, self.publish_interval_s = publish_interval, publish_interval_s
         self.prefetch, self.continuous = prefetch, continuous
         device = str(getattr(learner, "device", "cpu"))
-        self.feeder = BlockFeeder(io.request, io.receive, device, threaded=prefetch and io.overlaps)
+        # One thread asks for blocks, receives them and sends priorities back: the training thread only
+        # trains (each of those is a call to another process, a millisecond or more of its time).
+        self.io_thread = ThreadPoolExecutor(1, thread_name_prefix="distrl-learner-io") if io.overlaps else None
+        self.feeder = BlockFeeder(io.request, io.receive, device, self.io_thread if prefetch else None)
         self.publisher = WeightPublisher(learner.weight_tensors, io.publish, device, threaded=io.overlaps)
         self.version = -1
         self.poisoned = False
@@ -178,20 +182,28 @@ class LearnerLoop:
             with tracer().span("update_block", "learning", updates=ready.size):
                 update = block_priority_update(ready.host, learn_block(self.learner, ready, stats))
             if update is not None:
-                self.io.write_priorities(*update)
+                self._write_priorities(update)
             if self._publish_due():
                 self.publish(wait=False)
         if not self.continuous:
             if self.learner.updates != self.version:
                 self.publish()
             self.publisher.settle()
+            if self.io_thread is not None:
+                self.io_thread.submit(lambda: None).result()  # the priority writes queued before it were sent
             self.io.flush()
-        else:
-            self.io.flush(wait=False)
+        elif self.io_thread is not None:  # what landed is forgotten, on the thread that waits on the others
+            self.io_thread.submit(self.io.flush, False)
         self.poisoned |= self.publisher.poisoned
         stats.version, stats.poisoned = self.version, self.poisoned
         stats.learner_s = time.perf_counter() - t_start - stats.wait_s
         return stats
+
+    def _write_priorities(self, update: tuple) -> None:
+        if self.io_thread is None:
+            self.io.write_priorities(*update)
+        else:
+            self.io_thread.submit(self.io.write_priorities, *update)
 
     def get_state(self) -> dict[str, Any] | None:
         """The learner's state and RNG for a checkpoint; None when its weights are not finite (never saved)."""

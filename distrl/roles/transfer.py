@@ -62,15 +62,14 @@ def on_device(block: Block, device: str, stream=None) -> ReadyBlock:
 
 
 class BlockFeeder:
-    """Asks for blocks and makes them ready on the learner's device. `threaded`: the waiting for a block
-    (another process's answer) and its copy happen on a thread while the learner trains on the one before;
-    else on the caller's thread when taken (single mode: the store lives in this process and the driver
-    adds to it between learner calls)."""
+    """Asks for blocks and makes them ready on the learner's device. With a `pool` (one thread), asking
+    for a block, waiting for it (another process's answer) and its copy happen on that thread while the
+    learner trains on the one before; without, on the caller's thread when taken (single mode: the store
+    lives in this process and the driver adds to it between learner calls)."""
 
     def __init__(self, request: Callable[[int], Any], receive: Callable[[Any], Block | None], device: str,
-                 threaded: bool):
-        self.request, self.receive, self.device = request, receive, device
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="distrl-feed") if threaded else None
+                 pool: ThreadPoolExecutor | None):
+        self.request, self.receive, self.device, self.pool = request, receive, device, pool
         self.stream = None
         if device.startswith("cuda"):
             import torch
@@ -78,22 +77,21 @@ class BlockFeeder:
             self.stream = torch.cuda.Stream(device)
         self.pending: tuple[int, Future] | None = None  # (updates asked, the block on its way)
 
-    def _fetch(self, handle) -> ReadyBlock | None:
-        block = self.receive(handle)
+    def _fetch(self, max_updates: int) -> ReadyBlock | None:
+        block = self.receive(self.request(max_updates))
         return None if block is None else on_device(block, self.device, self.stream)
 
     def ask(self, max_updates: int) -> None:
         """Start bringing the next block (at most `max_updates` batches), unless one is on its way."""
         if self.pool is not None and self.pending is None:
-            handle = self.request(max_updates)
-            self.pending = (max_updates, self.pool.submit(self._fetch, handle))
+            self.pending = (max_updates, self.pool.submit(self._fetch, max_updates))
 
     def take(self, max_updates: int) -> ReadyBlock | None:
         """The next block, at most `max_updates` batches of it (None: the store had nothing): the one on its
         way if there is one, else one asked for now."""
         if self.pending is None:
             if self.pool is None:
-                return self._fetch(self.request(max_updates))
+                return self._fetch(max_updates)
             self.ask(max_updates)
         _, future = self.pending
         self.pending = None
@@ -199,10 +197,3 @@ class WeightPublisher:
     def due(self, interval_s: float | None) -> bool:
         """Whether `interval_s` seconds have passed since the last snapshot."""
         return interval_s is not None and time.monotonic() - self.last_s >= interval_s
-
-
-def join_threads(*pools: ThreadPoolExecutor | None) -> None:
-    for pool in pools:
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
-

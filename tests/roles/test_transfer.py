@@ -2,6 +2,7 @@
 another, never half-written."""
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -69,7 +70,7 @@ def test_a_threaded_feeder_hands_the_blocks_asked_for_cut_to_the_budget_of_the_c
         fetched_on.append(threading.current_thread().name)
         return blocks[n]
 
-    feeder = BlockFeeder(lambda n: asked.append(n) or n, receive, "cpu", threaded=True)
+    feeder = BlockFeeder(lambda n: asked.append(n) or n, receive, "cpu", ThreadPoolExecutor(1, "distrl-feed"))
     ready = feeder.take(3)
     assert ready.size == 3 and ready.batches["obs"].dtype == torch.uint8  # frames stay bytes
     np.testing.assert_array_equal(ready.batches["obs"].numpy(), blocks[3][0]["obs"])
