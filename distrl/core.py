@@ -165,6 +165,10 @@ class Learner(abc.ABC):
         that reports 'nonfinite' as a tensor has not waited to learn it, counts the update in `updates`,
         and is told by `uncount` once the block is read."""
 
+    def capture_update(self) -> None:
+        """Record `update`'s device work as a CUDA graph where this learner can (a replay learner on a CUDA
+        device: `distrl.algos.capture`); otherwise nothing changes."""
+
     def uncount(self, skipped: int) -> None:
         """`skipped` updates counted in `updates` took no step (their 'nonfinite' tensors were read back)."""
         self.updates -= skipped

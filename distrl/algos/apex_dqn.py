@@ -70,7 +70,11 @@ class DQNLearner(TargetNetworkState, ShardedLearner, Learner):
         return loss, {"q_mean": q_taken.detach().mean()}, {"td": (q_taken - s["target"]).detach()}
 
     def update(self, batch: Batch) -> dict[str, Any]:
-        t = as_tensors(batch, self.device)
+        out = self.run_step(as_tensors(batch, self.device))
+        self.count_update()
+        return out
+
+    def device_step(self, t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         rows = {"obs": t["obs"], "actions": t["actions"], "target": self.targets(t)}
         if "weights" in t:
             rows["weights"] = t["weights"]

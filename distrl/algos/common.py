@@ -205,7 +205,8 @@ def adam(params, lr: float, device: str) -> torch.optim.Adam:
         for group in params:
             by_lr.setdefault(group.get("lr", lr), []).extend(group["params"])
         params = [{"params": ps, "lr": group_lr} for group_lr, ps in by_lr.items()]
-    return torch.optim.Adam(params, lr=lr, fused=device.startswith(("cpu", "cuda")))
+    # capturable on a GPU: its step count stays on the device, so an update can be a CUDA graph.
+    return torch.optim.Adam(params, lr=lr, fused=device.startswith(("cpu", "cuda")), capturable=device.startswith("cuda"))
 
 
 def load_optimizer_state(opt: torch.optim.Optimizer, state: dict) -> None:

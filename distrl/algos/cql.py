@@ -73,10 +73,11 @@ class ContinuousCQLLearner(SACLearner):
         n, k, d = obs.shape[0], self.cfg.num_random, self.act_dim
         with torch.no_grad():
             mean, log_std = self.actor(torch.cat([obs, next_obs]))
-            pi, logp = squashed_sample(mean.expand(k, -1, -1), log_std.expand(k, -1, -1), torch.randn(k, 2 * n, d))
-            uniform = torch.empty(k, n, d).uniform_(-1.0, 1.0)
+            on = {"device": obs.device}  # the learner's device
+            pi, logp = squashed_sample(mean.expand(k, -1, -1), log_std.expand(k, -1, -1), torch.randn(k, 2 * n, d, **on))
+            uniform = torch.empty(k, n, d, **on).uniform_(-1.0, 1.0)
             actions = torch.cat([uniform, pi[:, :n], pi[:, n:]])  # (3k, n, d), all scored at s
-            log_density = torch.cat([torch.full((k, n), d * math.log(0.5)), logp[:, :n], logp[:, n:]])
+            log_density = torch.cat([torch.full((k, n), d * math.log(0.5), **on), logp[:, :n], logp[:, n:]])
         q_sampled = self.critic(obs.repeat(3 * k, 1), actions.reshape(3 * k * n, d)).view(2, 3 * k, n)
         lse = torch.logsumexp(q_sampled - log_density, dim=1)  # (2, n): each critic's estimate
         gap = (lse - q).mean(dim=1)

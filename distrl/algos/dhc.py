@@ -34,18 +34,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from gymnasium import spaces
 from torch import nn
 
-from distrl.algos.common import NetworkAlgorithm, as_tensors
+from distrl.algos.common import NetworkAlgorithm
 from distrl.algos.dhc_acting import DHCPolicy, agent_nstep_targets, agent_priorities
 from distrl.algos.qlearning import DuelingHead, QLearningConfig, SequenceQLearner
 from distrl.config.fields import f
 from distrl.config.sections import RecurrentModelConfig
-from distrl.core import Batch, EnvSpec, Learner
+from distrl.core import EnvSpec, Learner
 from distrl.models import RecurrentCore, make_torso
 
 
@@ -83,6 +82,8 @@ class CommRound(nn.Module):
 class DHCNetwork(nn.Module):
     """Encoder -> recurrent core -> communication -> (dueling) Q; states are (B, N, S, C) (S = 1 for a GRU)."""
 
+    static = False  # encode every row, reading nothing back from the device (`distrl.algos.capture`)
+
     def __init__(self, torso: nn.Module, obs_shape: tuple, num_actions: int, core: str, core_size: int,
                  comm: bool, heads: int, rounds: int, dueling: bool):
         super().__init__()
@@ -102,7 +103,7 @@ class DHCNetwork(nn.Module):
         those rows take the features of a zero observation, computed once."""
         t, b, n = obs.shape[:3]
         flat = obs.reshape(t * b * n, *self.obs_shape)
-        if rows is None or bool(rows.all()):
+        if rows is None or self.static or bool(rows.all()):  # static: a zero observation's features are the blank
             return self.encode(flat).view(t, b * n, -1)
         idx = torch.nonzero(rows.reshape(-1)).flatten()
         blank = self.encode(flat.new_zeros(1, *self.obs_shape))
@@ -183,9 +184,6 @@ class DHCLearner(SequenceQLearner, Learner):
         weights = t["weights"] if "weights" in t else torch.ones_like(live[0, :, 0])
         loss = (0.5 * td.square() * live * weights[:, None]).sum() / live.sum().clamp(min=1.0)
         return loss, td.detach(), q_taken.detach(), live
-
-    def update(self, batch: Batch) -> dict[str, Any]:
-        return self.step_and_report(*self.loss_and_td(as_tensors(batch, self.device)))
 
 
 class DHC(NetworkAlgorithm):

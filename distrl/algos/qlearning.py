@@ -9,7 +9,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from distrl.algos.common import adam, guarded_step, load_optimizer_state, step_report
+from distrl.algos.capture import GraphedStep, capturable, static_shapes
+from distrl.algos.common import adam, as_tensors, guarded_step, load_optimizer_state, step_report
 from distrl.config.fields import f
 
 
@@ -77,7 +78,11 @@ class DuelingHead(nn.Module):
 
 class TargetNetworkState:
     """The step, weights, checkpoint state and restore of a Q-learner holding `q`, `target`, `opt`, `updates`
-    and a config with `lr`, `grad_clip` and `target_update_interval`."""
+    and a config with `lr`, `grad_clip` and `target_update_interval`. Its subclass's `device_step(t)` is
+    an update's device work (`update` = that, then `count_update`); `capture_update` records it as a
+    CUDA graph (`distrl.algos.capture`)."""
+
+    graphed: GraphedStep | None = None
 
     def init_networks(self, build, device: str) -> None:
         """Online and target networks from `build()` (the target a frozen copy), Adam on the online one."""
@@ -88,15 +93,31 @@ class TargetNetworkState:
         self.opt = adam(self.q.parameters(), self.cfg.lr, device)
         self.updates = 0
 
+    def device_step(self, t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def capture_update(self) -> None:
+        if capturable(self.device, True):
+            static_shapes(self.q, self.target)
+            self.graphed = GraphedStep(self.device_step, [self.q, self.target], self.opt)
+
+    def run_step(self, t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """`device_step(t)`, replayed as a graph where one was recorded (not when gradient workers share it)."""
+        if self.graphed is not None and getattr(self, "gradient_fn", None) is None:
+            return self.graphed(t)
+        return self.device_step(t)
+
     def optimize(self, loss) -> tuple[torch.Tensor, torch.Tensor]:
-        """One guarded optimizer step on `loss` (see `guarded_step`), then the periodic hard target copy:
-        (grad norm, skipped). A skipped step is counted in `updates` until its block is read back
-        (`Learner.uncount`); a target copy it brings copies the unchanged weights."""
-        norm, bad = guarded_step(self.opt, self.q.parameters(), loss, self.cfg.grad_clip)
+        """One guarded optimizer step on `loss` (see `guarded_step`): (grad norm, skipped)."""
+        return guarded_step(self.opt, self.q.parameters(), loss, self.cfg.grad_clip)
+
+    def count_update(self) -> None:
+        """Count an update, and copy the online weights to the target every target_update_interval. A skipped
+        step is counted until its block is read back (`Learner.uncount`); a target copy it brings copies
+        the unchanged weights."""
         self.updates += 1
         if self.updates % self.cfg.target_update_interval == 0:
             self.target.load_state_dict(self.q.state_dict())
-        return norm, bad
 
     def weight_tensors(self) -> dict:
         return self.q.state_dict()
@@ -111,6 +132,8 @@ class TargetNetworkState:
         self.target.load_state_dict(state["target"])
         load_optimizer_state(self.opt, state["opt"])
         self.updates = int(state["updates"])
+        if self.graphed is not None:  # the optimizer's state tensors are new ones: record again
+            self.graphed.reset()
 
 
 class SequenceQLearner(TargetNetworkState):
@@ -129,6 +152,14 @@ class SequenceQLearner(TargetNetworkState):
         if steps != self.seq_len:
             raise ValueError(f"sequences of {steps} steps, the learner expects burn_in + length + "
                              f"n_step = {self.seq_len}: the policy and learner disagree on cfg.sequence")
+
+    def update(self, batch) -> dict:
+        out = self.run_step(as_tensors(batch, self.device))
+        self.count_update()
+        return out
+
+    def device_step(self, t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return self.step_and_report(*self.loss_and_td(t))
 
     def step_and_report(self, loss, td, q_taken, live) -> dict:
         """One guarded step on `loss`, then the update's stats as tensors; `td`, `q_taken` and `live` (1 on

@@ -27,17 +27,16 @@ between resets.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
 
-from distrl.algos.common import NetworkAlgorithm, as_tensors
+from distrl.algos.common import NetworkAlgorithm
 from distrl.algos.qlearning import DuelingHead, QLearningConfig, SequenceQLearner
 from distrl.algos.r2d2_acting import R2D2Policy, nstep_targets, rescale, sequence_priorities, unrescale
 from distrl.config.fields import f
 from distrl.config.sections import RecurrentModelConfig
-from distrl.core import Batch, Learner
+from distrl.core import Learner
 from distrl.models import RecurrentCore, make_torso
 
 
@@ -117,8 +116,7 @@ class R2D2Learner(SequenceQLearner, Learner):
         loss = (0.5 * td.square() * mask * weights).sum() / mask.sum().clamp(min=1.0)
         return loss, td.detach(), q_taken.detach()
 
-    def update(self, batch: Batch) -> dict[str, Any]:
-        t = as_tensors(batch, self.device)
+    def device_step(self, t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         loss, td, q_taken = self.loss_and_td(t)
         return self.step_and_report(loss, td, q_taken, t["mask"][self.burn_in:self.burn_in + self.length])
 

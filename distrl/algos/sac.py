@@ -20,6 +20,7 @@ from gymnasium import spaces
 from torch import nn
 from torch.nn import functional as F
 
+from distrl.algos.capture import GraphedStep, capturable
 from distrl.algos.common import (HALF_LOG_2PI, BoxScaler, NetworkAlgorithm, NetworkPolicy, adam, as_tensors,
                                  guarded_step, load_optimizer_state, nstep_items, step_report)
 from distrl.config.fields import f
@@ -109,6 +110,7 @@ class TwinQ(nn.Module):
 
 # --- learner --------------------------------------------------------------------
 class SACLearner(Learner):
+    graphed: GraphedStep | None = None
     def __init__(self, algo: SAC, device: str):
         cfg = self.cfg = algo.cfg
         self.device = device
@@ -127,13 +129,22 @@ class SACLearner(Learner):
         self._target_params = list(self.critic_target.parameters())
         self.updates = 0
 
+    def capture_update(self) -> None:
+        if capturable(self.device, True):
+            self.graphed = GraphedStep(self.device_step, [self.actor, self.critic, self.critic_target], self.opt)
+
     def update(self, batch: Batch) -> dict[str, Any]:
+        t = as_tensors(batch, self.device)
+        out = self.graphed(t) if self.graphed is not None else self.device_step(t)
+        self.updates += 1
+        return out
+
+    def device_step(self, t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """One gradient step on critics, actor and temperature from one backward pass.
 
         All three losses are taken at the same parameters, as in the paper's
         Algorithm 1, so one backward pass serves them all.
         """
-        t = as_tensors(batch, self.device)
         obs, next_obs, actions = t["obs"], t["next_obs"], t["actions"]
         n = obs.shape[0]
         alpha = self.log_alpha.detach().exp()
@@ -161,7 +172,6 @@ class SACLearner(Learner):
         norm, bad = guarded_step(self.opt, [*self._params, *self.actor.parameters(), self.log_alpha], total)
         with torch.no_grad():  # a skipped step moves no target either
             torch._foreach_lerp_(self._target_params, self._params, self.cfg.tau * (~bad).float())
-        self.updates += 1
         return {**step_report(norm, bad, loss_critic, loss_critic=loss_critic, loss_actor=loss_actor,
                               loss_alpha=loss_alpha, alpha=alpha, entropy=-log_pi_now.mean(), q_mean=q.mean(),
                               **penalty_stats),
@@ -189,6 +199,8 @@ class SACLearner(Learner):
             self.log_alpha.copy_(torch.as_tensor(state["log_alpha"]))
         load_optimizer_state(self.opt, state["opt"])
         self.updates = int(state["updates"])
+        if self.graphed is not None:  # the optimizer's state tensors are new ones: record again
+            self.graphed.reset()
 
 
 # --- policy ---------------------------------------------------------------------

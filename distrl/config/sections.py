@@ -79,6 +79,9 @@ class LearnerConfig:
                                          "since the last publication, whatever the updates (null = by updates "
                                          "only); weights are copied out and sent on a thread of their own",
                                          lo=0.0, lo_open=True, hi=WEEK_S)
+    cuda_graph: bool = f(True, "a replay learner on a CUDA device runs each update (forward, backward, optimizer "
+                         "step) as one recorded CUDA graph (apex_dqn, r2d2, dhc, sac, cql); off: op by op. "
+                         "Nothing changes on the CPU")
     fragments_per_update: int = f(0, "on-policy: fragments per update (0 = one per worker)", lo=0)
     num_gradient_workers: int = f(1, "processes that each compute the gradient of a share of every step's rows "
                                   "for the learner's one optimizer step (1 = the learner alone; sync and async "

@@ -14,6 +14,10 @@ from torch import nn
 
 
 class RecurrentCore(nn.Module):
+    static = False
+    """Unroll a step at a time with every state masked, reading nothing back from the device (a learner
+    whose update is a CUDA graph: `distrl.algos.capture.static_shapes`)."""
+
     def __init__(self, kind: str, in_features: int, size: int):
         super().__init__()
         if kind not in ("lstm", "gru"):
@@ -40,6 +44,8 @@ class RecurrentCore(nn.Module):
         """(outputs (T, B, C), final state (B, S, C)) over x (T, B, F) from `state`; where `first` (T, B)
         is True the state is zeroed before that step (an episode starts there)."""
         hx = self._to_hx(state)
+        if self.static and first is not None:
+            return self._masked_unroll(x, hx, (~first).to(x.dtype).unsqueeze(-1))
         resets = [] if first is None else torch.nonzero(first.any(dim=1)).flatten().tolist()
         if resets:
             keep = (~first).to(x.dtype).unsqueeze(-1)  # (T, B, 1)
@@ -50,3 +56,11 @@ class RecurrentCore(nn.Module):
             out, hx = self.core(x[a:b], hx)
             outs.append(out)
         return (outs[0] if len(outs) == 1 else torch.cat(outs)), self._from_hx(hx)
+
+    def _masked_unroll(self, x: torch.Tensor, hx, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        outs = []
+        for t in range(x.shape[0]):
+            hx = tuple(s * keep[t] for s in hx) if self.lstm else hx * keep[t]
+            out, hx = self.core(x[t:t + 1], hx)
+            outs.append(out)
+        return torch.cat(outs), self._from_hx(hx)

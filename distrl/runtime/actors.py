@@ -250,6 +250,8 @@ class Learner(Traced):
         cfg = from_dict(cfg_dict)
         start_tracing(trace_settings(cfg.log), "learner")
         learner = make_algorithm(cfg).make_learner(device)
+        if cfg.learner.cuda_graph:
+            learner.capture_update()
         if gradient_workers:
             learner.use_gradient_workers(ray_gradient_fn([peer(g) for g in gradient_workers], cfg.fault.role_timeout_s),
                                          len(gradient_workers))

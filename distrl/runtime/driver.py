@@ -7,7 +7,6 @@ import time
 import traceback
 from contextlib import nullcontext
 
-import numpy as np
 
 from distrl.checkpoint import save_json
 from distrl.config import Config

@@ -32,6 +32,8 @@ class LocalRoles(Roles):
         self.evaluator = LocalEvaluator(cfg, start_time, eval_resume, FaultLog(run_dir, start_time))
         algo = make_algorithm(cfg)
         learner = algo.make_learner(resolve_device(cfg.device))
+        if cfg.learner.cuda_graph:
+            learner.capture_update()
         self.policy = algo.make_policy(0, 1, policy_seed(cfg.seed, 0))
         self.experience = make_experience(experience_spec(cfg), cfg)
         self.loop = learner_loop(learner, cfg.algo, cfg.learner, LocalIO(self.experience, self.policy))
