@@ -1,11 +1,61 @@
 """Every role's process: one BLAS thread and one torch thread."""
+import time
+
+import pytest
 import torch
 from threadpoolctl import threadpool_info
 
-from distrl.threads import one_compute_thread
+from distrl.threads import ThreadChoice, learner_threads, one_compute_thread
 
 
 def test_one_compute_thread():
     one_compute_thread(load_torch=True)
     assert torch.get_num_threads() == 1
     assert all(pool["num_threads"] == 1 for pool in threadpool_info() if pool["user_api"] == "blas")
+
+
+def test_a_learner_tries_one_thread_and_the_free_cores_then_keeps_the_faster():
+    choice = ThreadChoice(4, trial_updates=10)
+    tried, seconds_per_update = [], {1: 0.002, 4: 0.001}
+    while choice.chosen is None:
+        n = choice.threads()
+        tried.append(n)
+        choice.record(n, 4 * seconds_per_update[n], 4)  # a call of 4 updates
+    assert sorted(set(tried)) == [1, 4] and tried[:2] in ([1, 4], [4, 1])  # alternating, not one after the other
+    assert choice.chosen == 4 and choice.threads() == 4
+    slow_net = ThreadChoice(2, trial_updates=10)
+    while slow_net.chosen is None:
+        n = slow_net.threads()
+        slow_net.record(n, 0.003 * 5 if n == 2 else 0.001 * 5, 5)  # hand-offs cost more than they give
+    assert slow_net.threads() == 1
+
+
+def test_the_choice_is_measured_again_after_a_while():
+    choice = ThreadChoice(2, trial_updates=1, recheck_s=0.0)
+    choice.record(choice.threads(), 0.1, 1)
+    choice.record(choice.threads(), 0.2, 1)
+    assert choice.chosen is not None
+    time.sleep(0.01)
+    choice.threads()
+    assert choice.chosen is None and choice.trial == {}
+
+
+@pytest.mark.parametrize("fixed, mode, workers, cpus, deterministic, most, measured", [
+    (0, "single", 2, 2, False, 2, True), (0, "sync", 4, 16, False, 16, True), (0, "async", 12, 16, False, 4, True),
+    (0, "async", 2, 2, False, 1, False), (0, "single", 1, 2, True, 1, False), (3, "async", 2, 2, False, 3, False)])
+def test_a_learner_may_take_the_cores_nothing_else_uses_while_it_trains(fixed, mode, workers, cpus, deterministic,
+                                                                        most, measured):
+    choice = learner_threads(fixed, mode, workers, cpus, deterministic)
+    assert choice.most == most and (choice.chosen is None) is measured
+
+
+def test_a_learner_loop_trains_on_the_chosen_threads_and_samples_on_one():
+    from tests.roles.test_learning import APEX, wired
+
+    loop = wired("apex_dqn_cartpole.yaml", APEX, 2)
+    seen = []
+    update = loop.learner.update
+    loop.learner.update = lambda batch: seen.append(torch.get_num_threads()) or update(batch)
+    loop.threads = ThreadChoice(2, fixed=True)
+    loop.train(4)
+    assert seen == [2] * 4 and torch.get_num_threads() == 1

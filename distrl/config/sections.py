@@ -79,6 +79,9 @@ class LearnerConfig:
                                          "since the last publication, whatever the updates (null = by updates "
                                          "only); weights are copied out and sent on a thread of their own",
                                          lo=0.0, lo_open=True, hi=WEEK_S)
+    threads: int = f(0, "torch threads a learner on the CPU trains with (0 = measured: one, or the cores nothing "
+                     "else uses while it trains, whichever updates faster; a deterministic run, eval.interval_steps, "
+                     "keeps one)", lo=0, hi=1024)
     cuda_graph: bool = f(True, "a replay learner on a CUDA device runs each update (forward, backward, optimizer "
                          "step) as one recorded CUDA graph (apex_dqn, r2d2, dhc, sac, cql); off: op by op. "
                          "Nothing changes on the CPU")

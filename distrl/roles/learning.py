@@ -17,6 +17,7 @@ from distrl.core import Learner, TrainStats, Weights
 from distrl.observe.trace import tracer
 from distrl.replay.store import Block, block_priority_update
 from distrl.roles.transfer import BlockFeeder, ReadyBlock, WeightPublisher, on_device
+from distrl.threads import ThreadChoice, torch_threads
 
 
 def learn_block(learner: Learner, block: Block | ReadyBlock, stats: TrainStats) -> np.ndarray | None:
@@ -133,8 +134,9 @@ class LearnerLoop:
     """
 
     def __init__(self, learner: Learner, io: LearnerIO, publish_interval: int, prefetch: bool,
-                 publish_interval_s: float | None = None, continuous: bool = False):
-        self.learner, self.io = learner, io
+                 publish_interval_s: float | None = None, continuous: bool = False,
+                 threads: ThreadChoice | None = None):
+        self.learner, self.io, self.threads = learner, io, threads
         self.publish_interval, self.publish_interval_s = publish_interval, publish_interval_s
         self.prefetch, self.continuous = prefetch, continuous
         device = str(getattr(learner, "device", "cpu"))
@@ -168,6 +170,9 @@ class LearnerLoop:
         """Up to `num_updates` updates; stops early when the store has nothing to give."""
         stats = TrainStats()
         t_start = time.perf_counter()
+        threads = self.threads.threads() if self.threads is not None else None
+        if threads is not None:
+            torch_threads(threads)
         while stats.consumed < num_updates:
             t0 = time.perf_counter()
             with tracer().span("wait_batch", "wait"):
@@ -197,6 +202,9 @@ class LearnerLoop:
         self.poisoned |= self.publisher.poisoned
         stats.version, stats.poisoned = self.version, self.poisoned
         stats.learner_s = time.perf_counter() - t_start - stats.wait_s
+        if threads is not None:
+            self.threads.record(threads, stats.learner_s, stats.consumed)
+            torch_threads(1)  # what samples between calls in this process runs on one
         return stats
 
     def _write_priorities(self, update: tuple) -> None:

@@ -25,7 +25,7 @@ from distrl.roles.factory import trace_settings
 from distrl.roles.learning import LearnerIO
 from distrl.runtime.actor_base import HEALTH, Traced, peer, start_tracing
 from distrl.runtime.inference import RemoteInference
-from distrl.runtime.pacing import learner_loop
+from distrl.runtime.pacing import learner_loop, thread_choice
 from distrl.runtime.ray_setup import ACTOR_GONE, HeapTrimmer
 
 
@@ -256,7 +256,7 @@ class Learner(Traced):
             learner.use_gradient_workers(ray_gradient_fn([peer(g) for g in gradient_workers], cfg.fault.role_timeout_s),
                                          len(gradient_workers))
         self.loop = learner_loop(learner, cfg.algo, cfg.learner, RayIO(peer(ps), peer(replay)),
-                                 continuous=cfg.mode == "async")
+                                 continuous=cfg.mode == "async", threads=thread_choice(cfg, device))
         self.trimmer = HeapTrimmer()
 
 

@@ -15,7 +15,7 @@ from distrl.roles.learning import LocalIO
 from distrl.runtime.counters import plus, restarts_in
 from distrl.runtime.faultlog import FaultLog
 from distrl.runtime.local_eval import LocalEvaluator
-from distrl.runtime.pacing import experience_spec, learner_loop, make_experience
+from distrl.runtime.pacing import experience_spec, learner_loop, make_experience, thread_choice
 from distrl.threads import one_compute_thread
 
 
@@ -36,7 +36,8 @@ class LocalRoles(Roles):
             learner.capture_update()
         self.policy = algo.make_policy(0, 1, policy_seed(cfg.seed, 0))
         self.experience = make_experience(experience_spec(cfg), cfg)
-        self.loop = learner_loop(learner, cfg.algo, cfg.learner, LocalIO(self.experience, self.policy))
+        self.loop = learner_loop(learner, cfg.algo, cfg.learner, LocalIO(self.experience, self.policy),
+                                 threads=thread_choice(cfg, str(learner.device)))
         self.loop.publish()
         # An offline run's replay holds its dataset: no env is stepped but the evaluator's.
         self.rollout = None if cfg.data.dataset else make_rollout(cfg, self.policy, cfg.seed, 0)

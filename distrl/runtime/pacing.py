@@ -3,6 +3,7 @@ side run ahead, how many fragments an on-policy update takes and how often weigh
 and the experience store and learner loop they shape."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from distrl.config import Config
@@ -12,6 +13,7 @@ from distrl.replay.rate_limiter import RateLimiter
 from distrl.replay.store import Take, make_store
 from distrl.roles.experience import ExperienceServer
 from distrl.roles.learning import LearnerLoop
+from distrl.threads import ThreadChoice, learner_threads
 
 
 def sequence_length(sequence, n_step: int) -> int:
@@ -93,12 +95,21 @@ def make_experience(spec: ExperienceSpec, offline: Config | None = None) -> Expe
     return experience
 
 
-def learner_loop(learner, algo: str, lc: LearnerConfig, io, continuous: bool = False) -> LearnerLoop:
+def learner_loop(learner, algo: str, lc: LearnerConfig, io, continuous: bool = False,
+                 threads: ThreadChoice | None = None) -> LearnerLoop:
     """The learner's loop for algorithm `algo` (`lc`: the learner section): on-policy data must come from the
     newest weights, so those algorithms publish after every update and never prefetch; replay algorithms
     publish every learner.publish_interval updates or learner.publish_interval_s seconds. `continuous`:
-    the driver does not wait on its calls (async mode)."""
+    the driver does not wait on its calls (async mode). `threads`: how many torch threads it trains with."""
     if on_policy(algo):
-        return LearnerLoop(learner, io, publish_interval=1, prefetch=False)
+        return LearnerLoop(learner, io, publish_interval=1, prefetch=False, threads=threads)
     return LearnerLoop(learner, io, lc.publish_interval, prefetch=True, publish_interval_s=lc.publish_interval_s,
-                       continuous=continuous)
+                       continuous=continuous, threads=threads)
+
+
+def thread_choice(cfg: Config, device: str) -> ThreadChoice:
+    """The learner's torch threads on this machine (`distrl.threads.learner_threads`); one on a GPU."""
+    if not device.startswith("cpu"):
+        return ThreadChoice(1)
+    return learner_threads(cfg.learner.threads, cfg.mode, cfg.workers, os.cpu_count() or 1,
+                           deterministic=cfg.eval.interval_steps is not None)
