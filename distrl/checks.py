@@ -7,19 +7,12 @@ import os
 
 from distrl.config import Config, ConfigError
 from distrl.config.sections import EnvConfig, PlacementConfig
+from distrl.threads import usable_cpus
 
 
 # Rollout workers one machine hosts without a cluster: beyond a few per core they only contend,
 # and each is a process with its own interpreter and envs.
 WORKERS_PER_CORE, WORKER_MB = 8, 300
-
-
-def usable_cpus() -> int:
-    """CPUs this process may run on (its affinity mask: a container or `taskset` may allow fewer than
-    the machine has)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0)) or 1
-    return os.cpu_count() or 1
 
 
 def host_worker_limit() -> int:

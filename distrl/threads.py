@@ -7,7 +7,16 @@ and takes the core another role (in single mode, the evaluator) needs.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask: a container or `taskset` may allow fewer than
+    the machine has)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
 
 
 def one_compute_thread(load_torch: bool = False) -> None:

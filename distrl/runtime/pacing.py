@@ -3,7 +3,6 @@ side run ahead, how many fragments an on-policy update takes and how often weigh
 and the experience store and learner loop they shape."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from distrl.config import Config
@@ -13,7 +12,7 @@ from distrl.replay.rate_limiter import RateLimiter
 from distrl.replay.store import Take, make_store
 from distrl.roles.experience import ExperienceServer
 from distrl.roles.learning import LearnerLoop
-from distrl.threads import ThreadChoice, learner_threads
+from distrl.threads import ThreadChoice, learner_threads, usable_cpus
 
 
 def sequence_length(sequence, n_step: int) -> int:
@@ -111,5 +110,5 @@ def thread_choice(cfg: Config, device: str) -> ThreadChoice:
     """The learner's torch threads on this machine (`distrl.threads.learner_threads`); one on a GPU."""
     if not device.startswith("cpu"):
         return ThreadChoice(1)
-    return learner_threads(cfg.learner.threads, cfg.mode, cfg.workers, os.cpu_count() or 1,
+    return learner_threads(cfg.learner.threads, cfg.mode, cfg.workers, usable_cpus(),
                            deterministic=cfg.eval.interval_steps is not None)
