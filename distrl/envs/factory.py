@@ -43,6 +43,21 @@ def _register_namespace(env_id: str) -> None:
         minatar.gym.register_envs()
 
 
+def _mujoco_warnings_through_python(env_id: str) -> None:
+    """MuJoCo prints its warnings from C; for a MuJoCo id they go through Python's `warnings` instead, so
+    that building an env stays quiet (gymnasium's own assets use an attribute MuJoCo 4 deprecates, and every
+    evaluation builds its envs) while a warning of the simulation itself is still shown."""
+    spec = gym.envs.registry.get(env_id)
+    if spec is None or not str(spec.entry_point).startswith("gymnasium.envs.mujoco"):
+        return
+    try:
+        import mujoco
+    except ImportError:
+        return  # the env's constructor says which package is missing
+    if mujoco.get_mju_user_warning() is None:
+        mujoco.set_mju_user_warning(lambda message: warnings.warn(f"MuJoCo: {message.strip()}", RuntimeWarning))
+
+
 def import_module_of(env_id: str) -> tuple[Any, str]:
     """(imported module, name) of a `module:name` id, or EnvError naming what is wrong with it."""
     module, _, name = env_id.partition(":")
@@ -67,6 +82,7 @@ def _constructor(env_id: str) -> Callable[..., gym.Env]:
     if ":" not in env_id:
         _register_namespace(env_id)
         if env_id in gym.envs.registry:
+            _mujoco_warnings_through_python(env_id)
             return lambda **kw: gym.make(env_id, **kw)
         close = _close_ids(env_id)
         hint = f" (did you mean {', '.join(close)}?)" if close else ""
@@ -102,6 +118,21 @@ def _preset(preset: str, env_id: str, kwargs: dict | None) -> tuple[dict | None,
     raise EnvError(f"config key 'env.preset': unknown preset {preset!r} (known: {', '.join(ENV_PRESETS)})")
 
 
+# Packages an env id may need that a distrl extra installs: the module gymnasium failed to import -> the extra.
+EXTRAS = {"mujoco": "mujoco"}
+
+
+def missing_package(env_id: str, e: Exception) -> str:
+    """One line naming the package `env_id` needs and how to install it (gymnasium's DependencyNotInstalled
+    carries the failed import as its cause)."""
+    module = getattr(e.__cause__, "name", None)
+    if module is None:
+        return f"config key 'env.id': {env_id} needs a package that is not installed: {one_line(e)}"
+    top = module.split(".")[0]
+    how = f"pip install -e '.[{EXTRAS[top]}]'" if top in EXTRAS else one_line(e)
+    return f"config key 'env.id': {env_id} needs the package {top!r}, which is not installed ({how})"
+
+
 def _base_env(env_id: str, kwargs: dict | None) -> gym.Env:
     make = _constructor(env_id)
     try:
@@ -109,7 +140,7 @@ def _base_env(env_id: str, kwargs: dict | None) -> gym.Env:
             warnings.simplefilter("ignore")  # gymnasium deprecation chatter is not the user's problem
             return make(**(kwargs or {}))
     except gym.error.DependencyNotInstalled as e:
-        raise EnvError(f"environment {env_id!r} needs a missing dependency: {e}") from None
+        raise EnvError(missing_package(env_id, e)) from None
     except Exception as e:  # noqa: BLE001 - any constructor failure is the config's env.kwargs or env.id
         raise EnvError(f"config key 'env.kwargs': {env_id} could not be built with {kwargs or {}}: {one_line(e)}") from None
 
