@@ -30,6 +30,18 @@ from distrl.acting import Inference, LocalInference
 Weights = dict[str, np.ndarray]
 """A network's parameters as numpy arrays: cheap to pickle, zero-copy in Ray's store."""
 
+STATISTICS_PREFIX = "normalize."
+"""Published weights may carry the run's observation and reward statistics (`env.normalize`) under keys that
+start with this: the envs normalize with them, the network never sees them (`network_weights`)."""
+
+
+def network_weights(weights: Weights) -> Weights:
+    """The network's own parameters of published weights (without the normalization statistics)."""
+    if not any(k.startswith(STATISTICS_PREFIX) for k in weights):
+        return weights
+    return {k: v for k, v in weights.items() if not k.startswith(STATISTICS_PREFIX)}
+
+
 Batch = dict[str, np.ndarray]
 """Named arrays sharing a leading batch dimension."""
 
@@ -80,6 +92,7 @@ class FragmentInfo:
     items: int = 0  # items the fragment stores (transitions, sequences): what the rate limiter counts
     fragment_id: int = 0  # unique per fragment: links its transfer to the replay server in traces
     episodes: list = field(default_factory=list)  # whole episodes that ended, when the run records them (log.dataset)
+    statistics: dict | None = None  # env.normalize: RunningStats of the raw rows recorded for this fragment
 
 
 @dataclass
@@ -103,10 +116,13 @@ class Policy(abc.ABC):
 
     version: int = -1
     inference: Inference | None = None
+    statistics: Weights = {}
+    """The env.normalize statistics that came with the newest weights (`STATISTICS_PREFIX`): the envs this
+    policy acts in normalize with them."""
 
     @abc.abstractmethod
     def set_weights(self, weights: Weights, version: int) -> None:
-        """Load published learner weights."""
+        """Load published learner weights (and keep their normalization statistics in `statistics`)."""
 
     @abc.abstractmethod
     def act(self, obs: np.ndarray, explore: bool) -> tuple[np.ndarray, dict[str, np.ndarray]]:

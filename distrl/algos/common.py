@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-from distrl.core import Algorithm, Batch, Policy, Trajectory, Weights
+from distrl.core import STATISTICS_PREFIX, Algorithm, Batch, Policy, Trajectory, Weights, network_weights
 from distrl.models import as_input, laid_out_as, load_numpy_weights
 from distrl.models.numpy_run import Program, numpy_program
 from distrl.replay import nstep_transitions
@@ -93,7 +93,8 @@ class NetworkPolicy(Policy):
         self.programs.clear()
 
     def set_weights(self, weights: Weights, version: int) -> None:
-        load_numpy_weights(self.net, weights)
+        load_numpy_weights(self.net, network_weights(weights))
+        self.statistics = {k: v for k, v in weights.items() if k.startswith(STATISTICS_PREFIX)}
         self.loaded, self.version = True, version
 
     def run(self, method: str, *inputs):

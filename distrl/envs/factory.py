@@ -22,6 +22,7 @@ from gymnasium import spaces
 from distrl.config.sections import ENV_PRESETS
 from distrl.core import EnvSpec
 from distrl.envs.errors import EnvError, one_line
+from distrl.envs.normalize import Normalization, normalization_for, normalized
 from distrl.envs.wrappers import WrapperSpec, apply_wrappers, frame_stack_of, parse_wrappers
 
 __all__ = ["EnvError", "check_env", "env_spec", "import_module_of", "make_env"]
@@ -146,9 +147,10 @@ def _base_env(env_id: str, kwargs: dict | None) -> gym.Env:
 
 
 def make_env(env_id: str, kwargs: dict[str, Any] | None = None, *, wrappers: list | None = None,
-             preset: str = "none", training: bool = True) -> gym.Env:
-    """The env `env_id` built with `kwargs`, inside the preset's wrappers and then `wrappers` (the raw
-    `env.wrappers` list); `training=False` leaves out the train-only ones (an evaluator's env)."""
+             preset: str = "none", training: bool = True, normalization: Normalization | None = None) -> gym.Env:
+    """The env `env_id` built with `kwargs`, inside the preset's wrappers, then `wrappers` (the raw
+    `env.wrappers` list), then the `normalization` wrappers; `training=False` leaves out the train-only ones
+    (an evaluator's env)."""
     specs = parse_wrappers(wrappers)  # before building: a bad list costs no env
     base_kwargs, chain = _preset(preset, env_id, kwargs)
     env = _base_env(env_id, base_kwargs)
@@ -158,7 +160,7 @@ def make_env(env_id: str, kwargs: dict[str, Any] | None = None, *, wrappers: lis
         check_atari(env, env_id)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return _flat_observations(apply_wrappers(env, chain + specs, training))
+        return normalized(_flat_observations(apply_wrappers(env, chain + specs, training)), normalization, training)
 
 
 def _spec(env: gym.Env) -> EnvSpec:
@@ -182,11 +184,15 @@ def _first_failing(env_id: str, kwargs: dict | None, wrappers: list | None, pres
 
 
 def check_env(env_id: str, kwargs: dict[str, Any] | None = None, *, wrappers: list | None = None,
-              preset: str = "none") -> EnvSpec:
+              preset: str = "none", normalize=None) -> EnvSpec:
     """Build the training env, reset it and take one step, and build the evaluation env: an env whose
     kwargs or wrappers fail only there, or whose train-only wrappers change its spaces, is caught before any
-    worker starts. The training env's spec, or EnvError."""
-    env = make_env(env_id, kwargs, wrappers=wrappers, preset=preset, training=True)
+    worker starts. The training env's spec, or EnvError. `normalize`: the env.normalize section."""
+    try:
+        env = make_env(env_id, kwargs, wrappers=wrappers, preset=preset, training=True,
+                       normalization=normalization_for(normalize, True))
+    except TypeError as e:  # the normalization wrappers' own refusal (an observation space they cannot take)
+        raise EnvError(f"config key 'env.normalize': {one_line(e)}") from None
     try:
         env.reset(seed=0)
         env.step(env.action_space.sample())
@@ -197,7 +203,8 @@ def check_env(env_id: str, kwargs: dict[str, Any] | None = None, *, wrappers: li
         raise EnvError(f"config key '{key}': {what} fails on reset or step: {one_line(e)}") from None
     finally:
         env.close()
-    evaluation = make_env(env_id, kwargs, wrappers=wrappers, preset=preset, training=False)
+    evaluation = make_env(env_id, kwargs, wrappers=wrappers, preset=preset, training=False,
+                          normalization=normalization_for(normalize, False))
     try:
         if (evaluation.observation_space, evaluation.action_space) != (spec.observation_space, spec.action_space):
             raise EnvError("config key 'env.wrappers': a train_only wrapper changes the observation or action "
@@ -209,9 +216,10 @@ def check_env(env_id: str, kwargs: dict[str, Any] | None = None, *, wrappers: li
 
 
 def env_spec(env_id: str, kwargs: dict[str, Any] | None = None, *, wrappers: list | None = None,
-             preset: str = "none") -> EnvSpec:
+             preset: str = "none", normalize=None) -> EnvSpec:
     """The training env's spec (spaces, and its frame stack), without stepping it."""
-    env = make_env(env_id, kwargs, wrappers=wrappers, preset=preset, training=True)
+    env = make_env(env_id, kwargs, wrappers=wrappers, preset=preset, training=True,
+                   normalization=normalization_for(normalize, True))
     try:
         return _spec(env)
     finally:
