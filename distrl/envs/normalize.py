@@ -125,8 +125,12 @@ class Normalization:
             self.reward_scale = float(1.0 / np.sqrt(ret.var.reshape(-1)[0] + EPSILON))
 
     def observation(self, obs: np.ndarray) -> np.ndarray:
+        """A raw observation an env returned, normalized (and recorded, in a training process)."""
         if self.training:
             self.obs_rows.append(np.array(obs, np.float64, copy=True))
+        return self.normalize(obs)
+
+    def normalize(self, obs: np.ndarray) -> np.ndarray:
         out = (np.asarray(obs, np.float64) - self.obs_mean) * self.obs_scale
         if self.cfg.clip is not None:
             out = np.clip(out, -self.cfg.clip, self.cfg.clip)
@@ -160,9 +164,15 @@ class SharedObservationNormalization(gym.ObservationWrapper, gym.utils.RecordCon
         clip = normalization.cfg.clip if normalization.cfg.clip is not None else np.inf
         self.observation_space = spaces.Box(-clip, clip, env.observation_space.shape, np.float32)
         self.normalization = normalization
+        self.raw = None  # the env's last observation
 
     def observation(self, observation):
+        self.raw = observation
         return self.normalization.observation(observation)
+
+    def renormalized(self) -> np.ndarray:
+        """The last observation again, normalized with the statistics now loaded (not recorded twice)."""
+        return self.normalization.normalize(self.raw)
 
 
 class SharedRewardScaling(gym.Wrapper, gym.utils.RecordConstructorArgs):

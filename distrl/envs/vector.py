@@ -47,6 +47,13 @@ class VectorEnv:
         for env, state in zip(self.envs, states):
             env.unwrapped.np_random.bit_generator.state = state
 
+    def load_statistics(self, weights: dict) -> None:
+        """Normalize with the env.normalize statistics inside `weights` from now on, the observations to act on
+        next included."""
+        self.normalization.load(weights)
+        if self.normalization.cfg.obs:
+            self.obs = np.stack([env.get_wrapper_attr("renormalized")() for env in self.envs])
+
     def reset_all(self) -> None:
         """Start a fresh episode in every env (without reseeding: RNG state carries on)."""
         self.obs = np.stack([self._reset(env) for env in self.envs]).astype(self.obs.dtype, copy=False)

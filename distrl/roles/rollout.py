@@ -64,7 +64,7 @@ class Rollout:
     def _sample(self, tr) -> Fragment:
         T, E, envs = self.fragment_length, self.envs.num_envs, self.envs
         if self.normalization is not None and self.statistics_version != self.policy.version:
-            self.normalization.load(self.policy.statistics)  # those the weights came with
+            self.envs.load_statistics(self.policy.statistics)  # those the weights came with
             self.statistics_version = self.policy.version
         buf = Buffers(T)
         returns, lengths, episodes = [], [], []
