@@ -180,8 +180,11 @@ def compare(module: str, config: str, argv_extra: dict[str, dict], child_extra, 
     old = json.load(open(args.out))["runs"] if os.path.exists(args.out) else []
     runs = [r for r in old if not (r["side"] in sides and r["seed"] in args.seeds)]
 
+    commit = hardware()["commit"]
+
     def save():
         if runs:
+            runs[-1].setdefault("commit", commit)
             print(json.dumps({k: v for k, v in runs[-1].items() if k != "eval_curve"}), flush=True)
         results = {"hardware": hardware(), "config": config, "env": cfg.env.id, "budget_s": budget,
                    "target_return": cfg.eval.target_return, "sb3_settings": {**record(args), "torch_threads": 1},
