@@ -116,9 +116,7 @@ class Policy(abc.ABC):
 
     version: int = -1
     inference: Inference | None = None
-    statistics: Weights = {}
-    """The env.normalize statistics that came with the newest weights (`STATISTICS_PREFIX`): the envs this
-    policy acts in normalize with them."""
+    statistics: Weights = {}  # env.normalize statistics that came with the newest weights: its envs use them
 
     @abc.abstractmethod
     def set_weights(self, weights: Weights, version: int) -> None:
