@@ -30,18 +30,6 @@ from distrl.acting import Inference, LocalInference
 Weights = dict[str, np.ndarray]
 """A network's parameters as numpy arrays: cheap to pickle, zero-copy in Ray's store."""
 
-STATISTICS_PREFIX = "normalize."
-"""Published weights may carry the run's observation and reward statistics (`env.normalize`) under keys that
-start with this: the envs normalize with them, the network never sees them (`network_weights`)."""
-
-
-def network_weights(weights: Weights) -> Weights:
-    """The network's own parameters of published weights (without the normalization statistics)."""
-    if not any(k.startswith(STATISTICS_PREFIX) for k in weights):
-        return weights
-    return {k: v for k, v in weights.items() if not k.startswith(STATISTICS_PREFIX)}
-
-
 Batch = dict[str, np.ndarray]
 """Named arrays sharing a leading batch dimension."""
 

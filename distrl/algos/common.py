@@ -8,7 +8,8 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-from distrl.core import STATISTICS_PREFIX, Algorithm, Batch, Policy, Trajectory, Weights, network_weights
+from distrl.core import Algorithm, Batch, Policy, Trajectory, Weights
+from distrl.envs.normalize import STATISTICS_PREFIX, network_weights
 from distrl.models import as_input, laid_out_as, load_numpy_weights
 from distrl.models.numpy_run import Program, numpy_program
 from distrl.replay import nstep_transitions

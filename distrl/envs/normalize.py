@@ -4,7 +4,7 @@ Each process that steps training envs (a rollout worker, single mode's driver) r
 its envs return and, for reward scaling, each env's discounted return; a fragment carries what was recorded
 since the previous one as `RunningStats` (count, mean, sum of squared deviations). The learner merges them
 into the one set of the run (`SharedStatistics`, exact: Chan et al.'s parallel variance) and publishes it
-inside the weights (`distrl.core.STATISTICS_PREFIX`), so every worker, the evaluator and a saved policy
+inside the weights (`STATISTICS_PREFIX`), so every worker, the evaluator and a saved policy
 normalize with the same numbers: those the weights were trained with. The evaluator's envs use them frozen
 (they record nothing). The set is part of the learner's checkpointed state.
 
@@ -23,11 +23,19 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from distrl.core import STATISTICS_PREFIX, Weights
+from distrl.core import Weights
 
+STATISTICS_PREFIX = "normalize."  # published weights carry the statistics under keys starting with this
 EPSILON = 1e-8
 RAW_REWARD = "raw_reward"  # info key: the env's reward before scaling
 PARTS = ("obs", "ret")  # observation statistics, discounted-return statistics
+
+
+def network_weights(weights: Weights) -> Weights:
+    """The network's own parameters of published weights (without the normalization statistics)."""
+    if not any(k.startswith(STATISTICS_PREFIX) for k in weights):
+        return weights
+    return {k: v for k, v in weights.items() if not k.startswith(STATISTICS_PREFIX)}
 
 
 class RunningStats:

@@ -7,10 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from distrl.config.sections import NormalizeConfig
-from distrl.core import network_weights
 from distrl.envs import VectorEnv, make_env
 from distrl.envs.normalize import (EPSILON, RAW_REWARD, Normalization, RunningStats, SharedStatistics, merged,
-                                   normalization_for)
+                                   network_weights, normalization_for)
 
 BOTH = NormalizeConfig(obs=True, reward=True, clip=10.0, gamma=0.9)
 
