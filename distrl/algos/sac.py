@@ -79,9 +79,6 @@ def temperature_loss(log_alpha: torch.Tensor, log_pi: torch.Tensor, target_entro
     return -log_alpha * (log_pi.detach().mean() + target_entropy)
 
 
-WIDE = 128  # hidden units from which an update is bound by its arithmetic rather than its launches (this CPU)
-
-
 # --- networks -------------------------------------------------------------------
 class Actor(nn.Module):
     """obs -> (mean, log_std) of the pre-tanh Gaussian; one linear layer for both heads."""
@@ -131,10 +128,6 @@ class SACLearner(Learner):
         self._params = list(self.critic.parameters())
         self._target_params = list(self.critic_target.parameters())
         self.updates = 0
-        # One actor forward over obs and next_obs halves the launches, which bound a narrow network's update;
-        # a wide one is bound by its arithmetic, and the joint forward's backward would also run through the
-        # next_obs half, whose actions the target takes without a gradient (bench.micro, sac and sac_mujoco).
-        self.joint_forward = max(getattr(algo.model, "hidden", None) or [0]) < WIDE
 
     def capture_update(self) -> None:
         if capturable(self.device, True):
@@ -153,11 +146,15 @@ class SACLearner(Learner):
         Algorithm 1, so one backward pass serves them all.
         """
         obs, next_obs, actions = t["obs"], t["next_obs"], t["actions"]
+        n = obs.shape[0]
         alpha = self.log_alpha.detach().exp()
-        pi, log_pi, pi_next, log_pi_next = self.policy_samples(obs, next_obs)
+        # One actor forward for obs (actor loss) and next_obs (target): half the launches.
+        mean, log_std = self.actor(torch.cat([obs, next_obs]))
+        pi, log_pi = squashed_sample(mean, log_std, torch.randn_like(mean))
+
         with torch.no_grad():
-            q_next = self.critic_target(next_obs, pi_next).min(dim=0).values
-            y = critic_target(t["rewards"], t["discounts"], q_next, log_pi_next, alpha)
+            q_next = self.critic_target(next_obs, pi[n:]).min(dim=0).values
+            y = critic_target(t["rewards"], t["discounts"], q_next, log_pi[n:], alpha)
         q = self.critic(obs, actions)
         td = q - y
         per_sample = 0.5 * td.square().sum(0)  # the two critics' losses, summed
@@ -165,9 +162,10 @@ class SACLearner(Learner):
         loss_critic = (per_sample * weights).mean() if weights is not None else per_sample.mean()
         penalty, penalty_stats = self.critic_penalty(obs, next_obs, q)
         # The critics' params are detached here, so the actor loss trains only the actor.
-        q_pi = self.critic(obs, pi, detach_params=True).min(dim=0).values
-        loss_actor = (alpha * log_pi - q_pi).mean()
-        loss_alpha = temperature_loss(self.log_alpha, log_pi, self.target_entropy)
+        log_pi_now = log_pi[:n]
+        q_pi = self.critic(obs, pi[:n], detach_params=True).min(dim=0).values
+        loss_actor = (alpha * log_pi_now - q_pi).mean()
+        loss_alpha = temperature_loss(self.log_alpha, log_pi_now, self.target_entropy)
         total = loss_critic + penalty + loss_actor + (loss_alpha if self.cfg.autotune_alpha else 0.0)
 
         # A param without a gradient (log_alpha when not autotuned) is left alone by the step.
@@ -175,24 +173,9 @@ class SACLearner(Learner):
         with torch.no_grad():  # a skipped step moves no target either
             torch._foreach_lerp_(self._target_params, self._params, self.cfg.tau * (~bad).float())
         return {**step_report(norm, bad, loss_critic, loss_critic=loss_critic, loss_actor=loss_actor,
-                              loss_alpha=loss_alpha, alpha=alpha, entropy=-log_pi.mean(), q_mean=q.mean(),
+                              loss_alpha=loss_alpha, alpha=alpha, entropy=-log_pi_now.mean(), q_mean=q.mean(),
                               **penalty_stats),
                 "priorities": td.detach().abs().mean(0)}
-
-    def policy_samples(self, obs: torch.Tensor, next_obs: torch.Tensor):
-        """(pi, log pi) at obs, with their gradient, and at next_obs, for the target (no gradient needed)."""
-        n = obs.shape[0]
-        noise = torch.randn(2 * n, self.act_dim, device=obs.device)  # either way: the same draws for the same rows
-        if self.joint_forward:  # one forward for both: half the launches
-            mean, log_std = self.actor(torch.cat([obs, next_obs]))
-            pi, log_pi = squashed_sample(mean, log_std, noise)
-            return pi[:n], log_pi[:n], pi[n:].detach(), log_pi[n:].detach()
-        with torch.no_grad():
-            mean, log_std = self.actor(next_obs)
-            pi_next, log_pi_next = squashed_sample(mean, log_std, noise[n:])
-        mean, log_std = self.actor(obs)
-        pi, log_pi = squashed_sample(mean, log_std, noise[:n])
-        return pi, log_pi, pi_next, log_pi_next
 
     def critic_penalty(self, obs: torch.Tensor, next_obs: torch.Tensor, q: torch.Tensor):
         """A term added to the critics' loss, and its stats: none for SAC (CQL adds its conservative gap)."""

@@ -276,24 +276,3 @@ def test_get_weights_is_actor_only_and_loads_into_policy():
     policy = algo.make_policy(0, 1, 0)
     policy.set_weights(weights, 5)
     assert policy.version == 5
-
-
-def test_one_joint_actor_forward_and_two_split_ones_take_the_same_step():
-    """Narrow networks sample obs and next_obs in one forward (fewer launches), wide ones in two (the
-    target's half without a gradient): the same update either way."""
-    learners = []
-    for joint in (True, False):
-        torch.manual_seed(3)
-        learner = _algo().make_learner("cpu")
-        learner.joint_forward = joint
-        torch.manual_seed(4)
-        learner.update(_batch(PENDULUM))
-        learners.append(learner)
-    for module in ("actor", "critic", "critic_target"):
-        a, b = (_snapshot(getattr(x, module)) for x in learners)
-        for k in a:
-            torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
-    assert _algo().make_learner("cpu").joint_forward  # 16x16
-    wide = _algo()
-    wide.model.hidden = [256, 256]
-    assert not wide.make_learner("cpu").joint_forward
