@@ -41,6 +41,7 @@ FAMILIES = {  # family -> a shipped config of it
     "actor_critic": "ppo_lunarlander.yaml",
     "vtrace": "impala_lunarlander.yaml",
     "sac": "sac_lunarlander_continuous.yaml",
+    "sac_mujoco": "sac_halfcheetah.yaml",  # 256x256 networks: the update is the whole run
     "pixels": "apex_dqn_atari_breakout.yaml",  # the Nature CNN on 84x84x4 uint8 frames
     "minatar": "apex_dqn_minatar_breakout.yaml",  # the MinAtar CNN on 10x10x4 frames
 }

@@ -28,21 +28,37 @@ from distrl.config import load_config
 
 
 def solve_once(config: str, mode: str, seed: int, workers: int, max_seconds: float, extra: list[str],
-               tree: str = ROOT) -> dict:
-    """One run of `config` (relative to `tree`) with the distrl of `tree`."""
+               tree: str = ROOT, prefix: tuple[str, ...] = ()) -> dict:
+    """One run of `config` (relative to `tree`) with the distrl of `tree`; `prefix`: a command to run it
+    under (`flock LOCK`: waiting for the lock is before the run's clock starts)."""
     run_dir = tempfile.mkdtemp(prefix=f"solve-{mode}-{seed}-")
     os.rmdir(run_dir)
-    cmd = [sys.executable, "-m", "distrl.cli", "train", os.path.join(tree, config), "--mode", mode,
+    cmd = [*prefix, sys.executable, "-m", "distrl.cli", "train", os.path.join(tree, config), "--mode", mode,
            "--seed", str(seed), "--workers", str(workers), "--max-seconds", str(max_seconds), "--run-dir", run_dir,
            "--set", "log.progress=false", *sum((["--set", e] for e in extra), [])]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tree, env={**os.environ, "PYTHONPATH": tree})
     if proc.returncode != 0:
         raise SystemExit(f"run failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-2000:]}")
     s = json.load(open(os.path.join(run_dir, "summary.json")))
+    curve = eval_curve(os.path.join(run_dir, "metrics.csv"))
     keys = ("mode", "workers", "seed", "solved", "time_to_solve_s", "wall_s", "env_steps", "updates",
             "best_eval_return", "policy_lag", "time_breakdown_s")
     out = {k: s.get(k) for k in keys}
     out["updates_per_s"] = round(s["updates"] / max(s["wall_s"], 1e-9), 1)
+    out["eval_curve"] = curve
+    return out
+
+
+def eval_curve(metrics_csv: str) -> list[list[float]]:
+    """[wall seconds, greedy mean return] of each evaluation of a run (a row whose evaluation columns changed)."""
+    import csv
+
+    out, last = [], None
+    for row in csv.DictReader(open(metrics_csv)):
+        key = (row["eval_return_mean"], row["eval_return_std"])
+        if row["eval_return_mean"] and key != last:
+            out.append([float(row["wall_s"]), float(row["eval_return_mean"])])
+        last = key
     return out
 
 

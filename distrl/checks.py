@@ -34,7 +34,7 @@ def validate(cfg: Config, address: str | None = None, resuming: bool = False) ->
     algo = algorithm(cfg.algo)
     try:
         spec = _check_multiagent_env(cfg.env) if algo.multi_agent else check_env(
-            cfg.env.id, cfg.env.kwargs, wrappers=cfg.env.wrappers, preset=cfg.env.preset)
+            cfg.env.id, cfg.env.kwargs, wrappers=cfg.env.wrappers, preset=cfg.env.preset, normalize=cfg.env.normalize)
     except EnvError as e:
         raise ConfigError(str(e)) from None
     problem = algo.check_spec(spec)
@@ -43,6 +43,7 @@ def validate(cfg: Config, address: str | None = None, resuming: bool = False) ->
     from distrl.roles.factory import make_algorithm
 
     _check_torsos(make_algorithm(cfg, spec), cfg.model)
+    _check_normalize(cfg, algo.multi_agent)
     _check_datasets(cfg, algo, spec, resuming)
     if cfg.eval.epsilon > 0.0 and algo.multi_agent:
         raise ConfigError(f"config key 'eval.epsilon': random evaluation actions are for single-agent envs; "
@@ -168,6 +169,19 @@ def _physical_memory() -> int | None:
 
 def _gib(n: int) -> str:
     return f"{n / 2**30:,.1f} GiB"
+
+
+def _check_normalize(cfg: Config, multi_agent: bool) -> None:
+    """env.normalize: statistics gathered by rollout workers that act in their own process."""
+    n = cfg.env.normalize
+    if not (n.obs or n.reward):
+        return
+    why = ("multi-agent envs are not normalized" if multi_agent else
+           "an offline run has no rollout workers to gather statistics" if cfg.data.dataset else
+           "workers normalize with the statistics that come with their weights, which central inference keeps "
+           "on its server (use rollout.inference: local)" if cfg.rollout.inference == "central" else None)
+    if why:
+        raise ConfigError(f"config key 'env.normalize': {why}")
 
 
 def _check_ray_only(algo: str, mode: str, gradient_workers: int, inference: str) -> None:

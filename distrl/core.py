@@ -80,6 +80,7 @@ class FragmentInfo:
     items: int = 0  # items the fragment stores (transitions, sequences): what the rate limiter counts
     fragment_id: int = 0  # unique per fragment: links its transfer to the replay server in traces
     episodes: list = field(default_factory=list)  # whole episodes that ended, when the run records them (log.dataset)
+    statistics: dict | None = None  # env.normalize: RunningStats of the raw rows recorded for this fragment
 
 
 @dataclass
@@ -103,10 +104,11 @@ class Policy(abc.ABC):
 
     version: int = -1
     inference: Inference | None = None
+    statistics: Weights = {}  # env.normalize statistics that came with the newest weights: its envs use them
 
     @abc.abstractmethod
     def set_weights(self, weights: Weights, version: int) -> None:
-        """Load published learner weights."""
+        """Load published learner weights (and keep their normalization statistics in `statistics`)."""
 
     @abc.abstractmethod
     def act(self, obs: np.ndarray, explore: bool) -> tuple[np.ndarray, dict[str, np.ndarray]]:

@@ -50,3 +50,27 @@ def test_eval_epsilon_is_refused_for_a_multi_agent_algorithm():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with pytest.raises(ConfigError, match=r"^config key 'eval.epsilon': .*single-agent.*dhc"):
         validate(load_config(os.path.join(root, "configs", "dhc_mapf_8x8.yaml"), ["eval.epsilon=0.05"]))
+
+
+@pytest.mark.parametrize("config, overrides, why", [
+    ("dhc_mapf_8x8.yaml", [], "multi-agent envs are not normalized"),
+    ("ppo_hopper.yaml", ["mode=async", "rollout.inference=central"], "central inference keeps"),
+    ("cql_pendulum.yaml", ["data.dataset=/nonexistent-dataset-v0"], "offline run has no rollout workers"),
+])
+def test_normalization_is_refused_where_no_worker_gathers_its_statistics(config, overrides, why):
+    import os
+
+    from distrl.checks import _check_normalize
+    from distrl.registry import algorithm
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cfg = load_config(os.path.join(root, "configs", config), [*overrides, "env.normalize.obs=true"])
+    with pytest.raises(ConfigError, match=f"^config key 'env.normalize': .*{why}"):
+        _check_normalize(cfg, algorithm(cfg.algo).multi_agent)
+
+
+def test_normalizing_observations_that_are_not_a_box_is_one_line_naming_the_key():
+    from distrl.checks import validate
+
+    with pytest.raises(ConfigError, match=r"^config key 'env.normalize': env.normalize.obs needs a Box"):
+        validate(load_config(None, ["algo=ppo", "mode=single", "env.id=Blackjack-v1", "env.normalize.obs=true"]))

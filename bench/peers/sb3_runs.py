@@ -37,15 +37,17 @@ def child_args(extra: dict[str, dict] | None = None) -> argparse.Namespace:
     return args
 
 
-def evaluate(model, envs, seed: int) -> float:
-    """Mean return of one greedy episode per env, env i seeded seed + i."""
+def evaluate(model, envs, seed: int, normalize_obs=None) -> float:
+    """Mean return of one greedy episode per env, env i seeded seed + i; `normalize_obs`: what the policy
+    sees of an observation (VecNormalize's frozen statistics; None: the observation itself)."""
     import numpy as np
 
     obs = np.stack([env.reset(seed=seed + i)[0] for i, env in enumerate(envs)])
     returns, running = np.zeros(len(envs)), np.ones(len(envs), bool)
     while running.any():
         rows = np.flatnonzero(running)
-        actions, _ = model.predict(obs[rows], deterministic=True)
+        seen = obs[rows] if normalize_obs is None else normalize_obs(obs[rows])
+        actions, _ = model.predict(seen, deterministic=True)
         for i, a in zip(rows, actions):
             obs[i], reward, term, trunc, _ = envs[i].step(a)
             returns[i] += reward
@@ -53,11 +55,13 @@ def evaluate(model, envs, seed: int) -> float:
     return float(returns.mean())
 
 
-def run_child(model, make_env, args, start: float, total_timesteps: int, first_eval_after: int = 0) -> None:
+def run_child(model, make_env, args, start: float, total_timesteps: int, first_eval_after: int = 0,
+              normalize_obs=None) -> None:
     """Train `model` until the criterion is met or the budget spent; print one JSON line of the run.
 
     `start` is the child's clock, read before its imports; no evaluation before `first_eval_after` env
-    steps (an off-policy learner's first update: distrl's first evaluation also waits for one)."""
+    steps (an off-policy learner's first update: distrl's first evaluation also waits for one);
+    `normalize_obs`: `evaluate`'s."""
     import numpy as np
     import stable_baselines3
     from stable_baselines3.common.callbacks import BaseCallback
@@ -67,6 +71,7 @@ def run_child(model, make_env, args, start: float, total_timesteps: int, first_e
             super().__init__()
             self.envs = [make_env() for _ in range(args.episodes)]
             self.evaluations, self.last_eval, self.best, self.solved_at = 0, start, -np.inf, None
+            self.curve = []  # [seconds since the start, mean return] of each evaluation
 
         def _on_step(self) -> bool:
             if time.time() - start >= args.budget_s:
@@ -74,9 +79,10 @@ def run_child(model, make_env, args, start: float, total_timesteps: int, first_e
             if self.model.num_timesteps <= first_eval_after or time.time() - self.last_eval < args.interval_s:
                 return True
             seed = args.seed + EVAL_SEED_OFFSET + self.evaluations * args.episodes
-            mean = evaluate(self.model, self.envs, seed)
+            mean = evaluate(self.model, self.envs, seed, normalize_obs)
             self.evaluations += 1
             self.last_eval = time.time()
+            self.curve.append([self.last_eval - start, mean])
             self.best = max(self.best, mean)
             if mean >= args.target:
                 self.solved_at = self.last_eval - start
@@ -88,14 +94,15 @@ def run_child(model, make_env, args, start: float, total_timesteps: int, first_e
     print(json.dumps({"solved": solve.solved_at is not None, "time_to_solve_s": solve.solved_at,
                       "best_eval_return": solve.best if solve.evaluations else None, "env_steps": int(model.num_timesteps),
                       "wall_s": time.time() - start, "evaluations": solve.evaluations,
-                      "sb3": stable_baselines3.__version__}))
+                      "sb3": stable_baselines3.__version__, "eval_curve": solve.curve}))
 
 
-def sb3_once(module: str, seed: int, budget: float, cfg, extra: list[str]) -> dict:
-    """One SB3 run of peer `module` in a fresh process, with the evaluation of distrl's config `cfg`."""
+def sb3_once(module: str, seed: int, budget: float, cfg, extra: list[str], prefix: tuple[str, ...] = ()) -> dict:
+    """One SB3 run of peer `module` in a fresh process, with the evaluation of distrl's config `cfg`
+    (`prefix`: solve_once's)."""
     from bench.common import json_result
 
-    cmd = [sys.executable, "-m", module, "--child", str(seed), str(budget), "--interval-s", str(cfg.eval.interval_s),
+    cmd = [*prefix, sys.executable, "-m", module, "--child", str(seed), str(budget), "--interval-s", str(cfg.eval.interval_s),
            "--episodes", str(cfg.eval.episodes), "--target", str(cfg.eval.target_return), *extra]
     return json_result(cmd, "SB3 run")  # run from the repository's root, where `-m bench.peers...` resolves
 
@@ -159,24 +166,70 @@ def compare(module: str, config: str, argv_extra: dict[str, dict], child_extra, 
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--budget-s", type=float, help="default: the config's stop.max_seconds")
     ap.add_argument("--no-ours", action="store_true", help="SB3 only")
+    ap.add_argument("--no-sb3", action="store_true", help="distrl only")
+    ap.add_argument("--lock", help="run each run under `flock LOCK` (a machine shared with other heavy jobs)")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", out_name))
     for name, kwargs in argv_extra.items():
         ap.add_argument(name, **kwargs)
     args = ap.parse_args()
     cfg = load_config(os.path.join(ROOT, config))
     budget = args.budget_s or cfg.stop.max_seconds
-    runs = []
+    prefix = ("flock", args.lock) if args.lock else ()
+    sides = [s for s, skip in (("distrl", args.no_ours), ("sb3", args.no_sb3)) if not skip]
+    # The file keeps the runs of sides and seeds not re-run, and is written after every run.
+    old = json.load(open(args.out))["runs"] if os.path.exists(args.out) else []
+    runs = [r for r in old if not (r["side"] in sides and r["seed"] in args.seeds)]
+
+    commit = hardware()["commit"]
+
+    def save():
+        if runs:
+            runs[-1].setdefault("commit", commit)
+            print(json.dumps({k: v for k, v in runs[-1].items() if k != "eval_curve"}), flush=True)
+        results = {"hardware": hardware(), "config": config, "env": cfg.env.id, "budget_s": budget,
+                   "target_return": cfg.eval.target_return, "sb3_settings": {**record(args), "torch_threads": 1},
+                   "runs": runs, "summary": summarise(runs, budget)}
+        write_json(args.out, results)
+        return results
+
     for seed in args.seeds:
-        if not args.no_ours:  # alternating: both sides see the same machine load
-            r = solve_once(config, cfg.mode, seed, cfg.workers, budget, ["log.tensorboard=false"])
+        if "distrl" in sides:  # alternating: both sides see the same machine load
+            r = solve_once(config, cfg.mode, seed, cfg.workers, budget, ["log.tensorboard=false"], prefix=prefix)
             r = {"side": "distrl", "seed": seed, **{k: r[k] for k in ("solved", "time_to_solve_s", "best_eval_return",
-                                                                      "env_steps", "wall_s", "mode", "workers")}}
+                                                                      "env_steps", "wall_s", "mode", "workers",
+                                                                      "eval_curve")}}
             runs.append(r)
-            print(json.dumps(r), flush=True)
-        r = {"side": "sb3", "seed": seed, **sb3_once(module, seed, budget, cfg, child_extra(args, cfg))}
-        runs.append(r)
-        print(json.dumps(r), flush=True)
-    results = {"hardware": hardware(), "config": config, "env": cfg.env.id, "budget_s": budget,
-               "sb3_settings": {**record(args), "torch_threads": 1}, "runs": runs, "summary": summarise(runs, budget)}
-    write_json(args.out, results)
+            save()
+        if "sb3" in sides:
+            r = {"side": "sb3", "seed": seed, **sb3_once(module, seed, budget, cfg, child_extra(args, cfg), prefix)}
+            runs.append(r)
+            save()
+    results = save()
     print(table(results["summary"]))
+    plot_curves(results, os.path.splitext(args.out)[0] + ".png")
+
+
+def plot_curves(results: dict, path: str) -> None:
+    """Greedy mean return against seconds since the command's start, every run of both sides, the target
+    as a line: one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 5), dpi=110)
+    colours = {"distrl": "tab:blue", "sb3": "tab:orange"}
+    for side in colours:
+        for i, r in enumerate(x for x in results["runs"] if x["side"] == side and x.get("eval_curve")):
+            t, ret = zip(*r["eval_curve"])
+            ax.plot(t, ret, color=colours[side], alpha=0.8, label=side if i == 0 else None)
+    if results.get("target_return") is not None:
+        ax.axhline(results["target_return"], color="grey", linestyle="--", label="target")
+    ax.set_xlabel("seconds since the command's start")
+    ax.set_ylabel("greedy mean return")
+    ax.set_title(f"{results['env']}: distrl ({results['config']}) and Stable-Baselines3")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.savefig(path, bbox_inches="tight")
+    plt.close(fig)
+    print(f"wrote {path}")

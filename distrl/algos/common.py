@@ -9,6 +9,7 @@ import torch
 from gymnasium import spaces
 
 from distrl.core import Algorithm, Batch, Policy, Trajectory, Weights
+from distrl.envs.normalize import STATISTICS_PREFIX, network_weights
 from distrl.models import as_input, laid_out_as, load_numpy_weights
 from distrl.models.numpy_run import Program, numpy_program
 from distrl.replay import nstep_transitions
@@ -93,7 +94,8 @@ class NetworkPolicy(Policy):
         self.programs.clear()
 
     def set_weights(self, weights: Weights, version: int) -> None:
-        load_numpy_weights(self.net, weights)
+        load_numpy_weights(self.net, network_weights(weights))
+        self.statistics = {k: v for k, v in weights.items() if k.startswith(STATISTICS_PREFIX)}
         self.loaded, self.version = True, version
 
     def run(self, method: str, *inputs):

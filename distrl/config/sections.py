@@ -1,12 +1,26 @@
 """The run-level sections of a config: env, rollout, replay, learner, evaluation, stops, faults, logging, placement."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from distrl.config.fields import WEEK_S, YEAR_S, ConfigError, f
 
 
 ENV_PRESETS = ("none", "atari")
+
+
+@dataclass
+class NormalizeConfig:
+    """Running statistics every worker updates from its own steps, merged by the learner and sent back with
+    the weights (`distrl.envs.normalize`); the evaluator uses them frozen."""
+
+    obs: bool = f(False, "normalize observations to zero mean and unit variance (training and evaluation envs)")
+    reward: bool = f(False, "divide training rewards by the standard deviation of the discounted return "
+                     "(the evaluator scores the env's own rewards)")
+    clip: float | None = f(10.0, "clip normalized observations and rewards to [-clip, clip] (null = no clip)",
+                           lo=0.0, lo_open=True)
+    gamma: float = f(0.99, "discount of the return whose spread scales rewards (the algorithm's gamma)",
+                     lo=0.0, hi=1.0)
 
 
 @dataclass
@@ -27,6 +41,8 @@ class EnvConfig:
     preset: str = f("none", "standard preprocessing: none | atari (no-op starts, frame skip 4 with max-pool, 84x84 "
                     "grayscale, 4 frames stacked; rewards clipped to [-1, 1] and a lost life ending the episode for "
                     "training only; sticky actions stay the game's own)", choices=ENV_PRESETS)
+    normalize: NormalizeConfig = field(default_factory=NormalizeConfig, metadata={
+        "doc": "observation and reward normalization shared by every worker (after every other wrapper)"})
 
 
 @dataclass

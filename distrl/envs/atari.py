@@ -26,7 +26,7 @@ ATARI_ENTRY_POINT = "ale_py.env:AtariEnv"
 STACK = 4
 
 
-class LifeLossEpisode(gym.Wrapper):
+class LifeLossEpisode(gym.Wrapper, gym.utils.RecordConstructorArgs):
     """A lost life ends the episode (`terminated=True`: no bootstrapping past it) without ending the game.
 
     The reset after a life loss does not restart the game: it takes one no-op step (action 0) and the
@@ -37,7 +37,8 @@ class LifeLossEpisode(gym.Wrapper):
     """
 
     def __init__(self, env: gym.Env):
-        super().__init__(env)
+        gym.utils.RecordConstructorArgs.__init__(self)  # gymnasium's env checker re-creates the wrapper stack
+        gym.Wrapper.__init__(self, env)
         if not hasattr(env.unwrapped, "ale"):
             raise TypeError("LifeLossEpisode needs an Atari (ale-py) env")
         self.lives = 0

@@ -22,6 +22,7 @@ from gymnasium import spaces
 from distrl.config.sections import ENV_PRESETS
 from distrl.core import EnvSpec
 from distrl.envs.errors import EnvError, one_line
+from distrl.envs.normalize import Normalization, normalization_for, normalized
 from distrl.envs.wrappers import WrapperSpec, apply_wrappers, frame_stack_of, parse_wrappers
 
 __all__ = ["EnvError", "check_env", "env_spec", "import_module_of", "make_env"]
@@ -41,6 +42,21 @@ def _register_namespace(env_id: str) -> None:
         import minatar.gym
 
         minatar.gym.register_envs()
+
+
+def _mujoco_warnings_through_python(env_id: str) -> None:
+    """MuJoCo prints its warnings from C; for a MuJoCo id they go through Python's `warnings` instead, so
+    that building an env stays quiet (gymnasium's own assets use an attribute MuJoCo 4 deprecates, and every
+    evaluation builds its envs) while a warning of the simulation itself is still shown."""
+    spec = gym.envs.registry.get(env_id)
+    if spec is None or not str(spec.entry_point).startswith("gymnasium.envs.mujoco"):
+        return
+    try:
+        import mujoco
+    except ImportError:
+        return  # the env's constructor says which package is missing
+    if mujoco.get_mju_user_warning() is None:
+        mujoco.set_mju_user_warning(lambda message: warnings.warn(f"MuJoCo: {message.strip()}", RuntimeWarning))
 
 
 def import_module_of(env_id: str) -> tuple[Any, str]:
@@ -67,6 +83,7 @@ def _constructor(env_id: str) -> Callable[..., gym.Env]:
     if ":" not in env_id:
         _register_namespace(env_id)
         if env_id in gym.envs.registry:
+            _mujoco_warnings_through_python(env_id)
             return lambda **kw: gym.make(env_id, **kw)
         close = _close_ids(env_id)
         hint = f" (did you mean {', '.join(close)}?)" if close else ""
@@ -102,6 +119,21 @@ def _preset(preset: str, env_id: str, kwargs: dict | None) -> tuple[dict | None,
     raise EnvError(f"config key 'env.preset': unknown preset {preset!r} (known: {', '.join(ENV_PRESETS)})")
 
 
+# Packages an env id may need that a distrl extra installs: the module gymnasium failed to import -> the extra.
+EXTRAS = {"mujoco": "mujoco"}
+
+
+def missing_package(env_id: str, e: Exception) -> str:
+    """One line naming the package `env_id` needs and how to install it (gymnasium's DependencyNotInstalled
+    carries the failed import as its cause)."""
+    module = getattr(e.__cause__, "name", None)
+    if module is None:
+        return f"config key 'env.id': {env_id} needs a package that is not installed: {one_line(e)}"
+    top = module.split(".")[0]
+    how = f"pip install -e '.[{EXTRAS[top]}]'" if top in EXTRAS else one_line(e)
+    return f"config key 'env.id': {env_id} needs the package {top!r}, which is not installed ({how})"
+
+
 def _base_env(env_id: str, kwargs: dict | None) -> gym.Env:
     make = _constructor(env_id)
     try:
@@ -109,15 +141,16 @@ def _base_env(env_id: str, kwargs: dict | None) -> gym.Env:
             warnings.simplefilter("ignore")  # gymnasium deprecation chatter is not the user's problem
             return make(**(kwargs or {}))
     except gym.error.DependencyNotInstalled as e:
-        raise EnvError(f"environment {env_id!r} needs a missing dependency: {e}") from None
+        raise EnvError(missing_package(env_id, e)) from None
     except Exception as e:  # noqa: BLE001 - any constructor failure is the config's env.kwargs or env.id
         raise EnvError(f"config key 'env.kwargs': {env_id} could not be built with {kwargs or {}}: {one_line(e)}") from None
 
 
 def make_env(env_id: str, kwargs: dict[str, Any] | None = None, *, wrappers: list | None = None,
-             preset: str = "none", training: bool = True) -> gym.Env:
-    """The env `env_id` built with `kwargs`, inside the preset's wrappers and then `wrappers` (the raw
-    `env.wrappers` list); `training=False` leaves out the train-only ones (an evaluator's env)."""
+             preset: str = "none", training: bool = True, normalization: Normalization | None = None) -> gym.Env:
+    """The env `env_id` built with `kwargs`, inside the preset's wrappers, then `wrappers` (the raw
+    `env.wrappers` list), then the `normalization` wrappers; `training=False` leaves out the train-only ones
+    (an evaluator's env)."""
     specs = parse_wrappers(wrappers)  # before building: a bad list costs no env
     base_kwargs, chain = _preset(preset, env_id, kwargs)
     env = _base_env(env_id, base_kwargs)
@@ -127,7 +160,7 @@ def make_env(env_id: str, kwargs: dict[str, Any] | None = None, *, wrappers: lis
         check_atari(env, env_id)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return _flat_observations(apply_wrappers(env, chain + specs, training))
+        return normalized(_flat_observations(apply_wrappers(env, chain + specs, training)), normalization, training)
 
 
 def _spec(env: gym.Env) -> EnvSpec:
@@ -151,11 +184,15 @@ def _first_failing(env_id: str, kwargs: dict | None, wrappers: list | None, pres
 
 
 def check_env(env_id: str, kwargs: dict[str, Any] | None = None, *, wrappers: list | None = None,
-              preset: str = "none") -> EnvSpec:
+              preset: str = "none", normalize=None) -> EnvSpec:
     """Build the training env, reset it and take one step, and build the evaluation env: an env whose
     kwargs or wrappers fail only there, or whose train-only wrappers change its spaces, is caught before any
-    worker starts. The training env's spec, or EnvError."""
-    env = make_env(env_id, kwargs, wrappers=wrappers, preset=preset, training=True)
+    worker starts. The training env's spec, or EnvError. `normalize`: the env.normalize section."""
+    try:
+        env = make_env(env_id, kwargs, wrappers=wrappers, preset=preset, training=True,
+                       normalization=normalization_for(normalize, True))
+    except TypeError as e:  # the normalization wrappers' own refusal (an observation space they cannot take)
+        raise EnvError(f"config key 'env.normalize': {one_line(e)}") from None
     try:
         env.reset(seed=0)
         env.step(env.action_space.sample())
@@ -166,7 +203,8 @@ def check_env(env_id: str, kwargs: dict[str, Any] | None = None, *, wrappers: li
         raise EnvError(f"config key '{key}': {what} fails on reset or step: {one_line(e)}") from None
     finally:
         env.close()
-    evaluation = make_env(env_id, kwargs, wrappers=wrappers, preset=preset, training=False)
+    evaluation = make_env(env_id, kwargs, wrappers=wrappers, preset=preset, training=False,
+                          normalization=normalization_for(normalize, False))
     try:
         if (evaluation.observation_space, evaluation.action_space) != (spec.observation_space, spec.action_space):
             raise EnvError("config key 'env.wrappers': a train_only wrapper changes the observation or action "
@@ -178,9 +216,10 @@ def check_env(env_id: str, kwargs: dict[str, Any] | None = None, *, wrappers: li
 
 
 def env_spec(env_id: str, kwargs: dict[str, Any] | None = None, *, wrappers: list | None = None,
-             preset: str = "none") -> EnvSpec:
+             preset: str = "none", normalize=None) -> EnvSpec:
     """The training env's spec (spaces, and its frame stack), without stepping it."""
-    env = make_env(env_id, kwargs, wrappers=wrappers, preset=preset, training=True)
+    env = make_env(env_id, kwargs, wrappers=wrappers, preset=preset, training=True,
+                   normalization=normalization_for(normalize, True))
     try:
         return _spec(env)
     finally:

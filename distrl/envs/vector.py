@@ -11,16 +11,21 @@ from typing import Any
 import numpy as np
 
 from distrl.envs.factory import make_env
+from distrl.envs.normalize import RAW_REWARD, normalization_for
 
 
 class VectorEnv:
     """E envs; env i is seeded with `seed + i` on its first reset. `wrappers`, `preset` and `training`
-    are `make_env`'s: a rollout worker's envs are training envs, the evaluator's are not."""
+    are `make_env`'s: a rollout worker's envs are training envs, the evaluator's are not. `normalize` (the
+    env.normalize section): the envs share one `Normalization` (`self.normalization`), whose statistics
+    `weights` set (published weights; an evaluator's envs start from them)."""
 
     def __init__(self, env_id: str, num_envs: int, seed: int, kwargs: dict[str, Any] | None = None, *,
-                 wrappers: list | None = None, preset: str = "none", training: bool = True):
-        self.envs = [make_env(env_id, kwargs, wrappers=wrappers, preset=preset, training=training)
-                     for _ in range(num_envs)]
+                 wrappers: list | None = None, preset: str = "none", training: bool = True, normalize=None,
+                 weights: dict | None = None):
+        self.normalization = normalization_for(normalize, training, weights)
+        self.envs = [make_env(env_id, kwargs, wrappers=wrappers, preset=preset, training=training,
+                              normalization=self.normalization) for _ in range(num_envs)]
         self.num_envs = num_envs
         self.observation_space = self.envs[0].observation_space
         self.action_space = self.envs[0].action_space
@@ -41,6 +46,13 @@ class VectorEnv:
     def set_rng_states(self, states: list[dict]) -> None:
         for env, state in zip(self.envs, states):
             env.unwrapped.np_random.bit_generator.state = state
+
+    def load_statistics(self, weights: dict) -> None:
+        """Normalize with the env.normalize statistics inside `weights` from now on, the observations to act on
+        next included."""
+        self.normalization.load(weights)
+        if self.normalization.cfg.obs:
+            self.obs = np.stack([env.get_wrapper_attr("renormalized")() for env in self.envs])
 
     def reset_all(self) -> None:
         """Start a fresh episode in every env (without reseeding: RNG state carries on)."""
@@ -65,7 +77,8 @@ class VectorEnv:
         self.errored = np.zeros(n, bool)
         for i, env in enumerate(self.envs):
             try:
-                o, r, te, tr, _ = env.step(actions[i])
+                o, r, te, tr, info = env.step(actions[i])
+                raw = info.get(RAW_REWARD, r)  # returns are counted in the env's own rewards
                 if not (np.isfinite(r) and np.isfinite(o).all()):
                     raise FloatingPointError("non-finite observation or reward")
             except Exception:  # noqa: BLE001 - any env bug: end the episode, keep the run going
@@ -73,19 +86,19 @@ class VectorEnv:
                 # observation or reward too: it would poison replay and then the weights).
                 self.env_errors += 1
                 self.errored[i] = True
-                o, r, te, tr = self.obs[i].copy(), 0.0, False, True
+                o, r, te, tr, raw = self.obs[i].copy(), 0.0, False, True, 0.0
             next_obs[i] = o
             rewards[i] = r
             terminated[i] = te
             truncated[i] = tr
             if te or tr:
-                finished.append((self.episode_return[i] + r, self.episode_length[i] + 1))
-                self.episode_return_at_end[i] = self.episode_return[i] + r
+                finished.append((self.episode_return[i] + raw, self.episode_length[i] + 1))
+                self.episode_return_at_end[i] = self.episode_return[i] + raw
                 self.episode_return[i] = 0.0
                 self.episode_length[i] = 0
                 o = self._reset(env)
             else:
-                self.episode_return[i] += r
+                self.episode_return[i] += raw
                 self.episode_length[i] += 1
             self.obs[i] = o
         return next_obs, rewards, terminated, truncated, finished

@@ -35,13 +35,14 @@ def with_random_actions(actions: np.ndarray, epsilon: float, space, rng: np.rand
 
 def play_greedy(policy: Policy, env_id: str, episodes: int, seed: int, env_kwargs: dict | None = None,
                 max_steps: int = 1_000_000, multi_agent: bool = False, *, wrappers: list | None = None,
-                preset: str = "none", epsilon: float = 0.0) -> tuple[np.ndarray, list[dict]]:
+                preset: str = "none", epsilon: float = 0.0, normalize=None) -> tuple[np.ndarray, list[dict]]:
     """Returns of `episodes` greedy episodes, one env each, with batched inference, and each episode's
     metrics (multi-agent envs report them: success, makespan, ...; gymnasium ones none). The envs are
     evaluation envs: without the train-only wrappers (whole games, the game's own rewards). `epsilon`: the
-    probability of a uniform random action instead of the greedy one (single-agent envs)."""
+    probability of a uniform random action instead of the greedy one (single-agent envs). `normalize` (the
+    env.normalize section): observations normalized with the policy's statistics, frozen."""
     envs = make_vector_env(env_id, episodes, seed, env_kwargs, multi_agent, wrappers=wrappers, preset=preset,
-                           training=False)
+                           training=False, normalize=normalize, statistics=policy.statistics)
     rng = np.random.default_rng(seed)
     policy.episodes_ended(np.ones(episodes, bool))  # each greedy episode starts from a fresh state
     returns = np.full(episodes, np.nan)
@@ -136,7 +137,7 @@ class Evaluation:
         seed = self.seed + EVAL_SEED_OFFSET + self.evaluations * self.eval_cfg.episodes
         rets, infos = play_greedy(self.policy, self.env.id, self.eval_cfg.episodes, seed, self.env.kwargs,
                                   multi_agent=self.multi_agent, wrappers=self.env.wrappers, preset=self.env.preset,
-                                  epsilon=self.eval_cfg.epsilon)
+                                  epsilon=self.eval_cfg.epsilon, normalize=self.env.normalize)
         self.evaluations += 1
         now = time.time()
         mean = float(np.mean(rets))

@@ -11,7 +11,8 @@ from distrl.threads import one_compute_thread
 def spec_of(env_cfg, multi_agent: bool) -> EnvSpec:
     """What the configured env gives one agent: the spaces a policy and a learner are built for."""
     if not multi_agent:
-        return env_spec(env_cfg.id, env_cfg.kwargs, wrappers=env_cfg.wrappers, preset=env_cfg.preset)
+        return env_spec(env_cfg.id, env_cfg.kwargs, wrappers=env_cfg.wrappers, preset=env_cfg.preset,
+                        normalize=env_cfg.normalize)
     from distrl.envs.multiagent import make_multiagent_env
 
     env = make_multiagent_env(env_cfg.id, env_cfg.kwargs)
@@ -22,14 +23,16 @@ def spec_of(env_cfg, multi_agent: bool) -> EnvSpec:
 
 
 def make_vector_env(env_id: str, num_envs: int, seed: int, kwargs: dict | None, is_multi_agent: bool, *,
-                    wrappers: list | None = None, preset: str = "none", training: bool = True):
+                    wrappers: list | None = None, preset: str = "none", training: bool = True, normalize=None,
+                    statistics: dict | None = None):
     """The vector of envs a worker (`training`) or the evaluator steps (multi-agent ones for multi-agent
-    algorithms, which take no wrappers)."""
+    algorithms, which take no wrappers); `normalize`: the env.normalize section, `statistics` the policy's."""
     if is_multi_agent:
         from distrl.envs.multiagent_vector import MultiAgentVectorEnv
 
         return MultiAgentVectorEnv(env_id, num_envs, seed, kwargs)
-    return VectorEnv(env_id, num_envs, seed, kwargs, wrappers=wrappers, preset=preset, training=training)
+    return VectorEnv(env_id, num_envs, seed, kwargs, wrappers=wrappers, preset=preset, training=training,
+                     normalize=normalize, weights=statistics)
 
 
 def make_rollout(cfg, policy, seed: int, worker_index: int):
@@ -37,7 +40,8 @@ def make_rollout(cfg, policy, seed: int, worker_index: int):
     from distrl.roles.rollout import Rollout
 
     envs = make_vector_env(cfg.env.id, cfg.env.num_envs, seed, cfg.env.kwargs, algorithm(cfg.algo).multi_agent,
-                           wrappers=cfg.env.wrappers, preset=cfg.env.preset, training=True)
+                           wrappers=cfg.env.wrappers, preset=cfg.env.preset, training=True,
+                           normalize=cfg.env.normalize)
     return Rollout(policy, envs, cfg.rollout.fragment_length, worker_index, record=cfg.log.dataset is not None)
 
 

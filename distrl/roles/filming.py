@@ -19,8 +19,9 @@ from distrl.observe.video import Mp4Writer, VideoError, check_frame, fps_of
 MAX_STEPS = 100_000  # an episode that never ends is cut here
 
 
-def render_env(env_cfg, multi_agent: bool):
-    """The evaluation env with rgb_array rendering, or VideoError saying why it cannot be filmed."""
+def render_env(env_cfg, multi_agent: bool, statistics: dict | None = None):
+    """The evaluation env with rgb_array rendering, or VideoError saying why it cannot be filmed; it
+    normalizes (env.normalize) with `statistics`, a policy's."""
     if not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY"):
         os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # pygame renders off-screen; no display to look for
     kwargs = {**(env_cfg.kwargs or {}), "render_mode": "rgb_array"}
@@ -36,9 +37,11 @@ def render_env(env_cfg, multi_agent: bool):
             raise VideoError(f"env {env_cfg.id} has no rgb_array rendering (no render() method)")
         return env
     from distrl.envs import make_env
+    from distrl.envs.normalize import normalization_for
 
     try:
-        return make_env(env_cfg.id, kwargs, wrappers=env_cfg.wrappers, preset=env_cfg.preset, training=False)
+        return make_env(env_cfg.id, kwargs, wrappers=env_cfg.wrappers, preset=env_cfg.preset, training=False,
+                        normalization=normalization_for(env_cfg.normalize, False, statistics))
     except EnvError as e:
         raise VideoError(f"env {env_cfg.id} has no rgb_array rendering: {e}") from None
 
@@ -84,7 +87,7 @@ def film_greedy(policy: Policy, env_cfg, episodes: int, seed: int, path: str,
                 multi_agent: bool) -> tuple[np.ndarray, list[dict], int]:
     """`episodes` greedy episodes one after another into the mp4 at `path` (episode i seeded seed + i):
     (their returns, their metrics, frames written). Nothing is left at `path` if filming fails."""
-    env = render_env(env_cfg, multi_agent)
+    env = render_env(env_cfg, multi_agent, policy.statistics)
     writer = Mp4Writer(path, fps_of(env))
     returns, infos = [], []
     try:
@@ -104,7 +107,7 @@ def film_greedy(policy: Policy, env_cfg, episodes: int, seed: int, path: str,
 def evaluation_video(policy: Policy, env_cfg, seed: int, multi_agent: bool) -> dict:
     """One greedy episode filmed for a run's evaluation: {"mp4": bytes, "gif": bytes, "gif_size": (h, w),
     "frames", "return"}, bytes so that an evaluator on another node can hand it to the driver."""
-    env = render_env(env_cfg, multi_agent)
+    env = render_env(env_cfg, multi_agent, policy.statistics)
     with tempfile.TemporaryDirectory() as d:
         writer = Mp4Writer(os.path.join(d, "episode.mp4"), fps_of(env))
         try:

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from distrl.core import Learner, TrainStats, Weights
+from distrl.envs.normalize import SharedStatistics
 from distrl.observe.trace import tracer
 from distrl.replay.store import Block, block_priority_update
 from distrl.roles.transfer import BlockFeeder, ReadyBlock, WeightPublisher, on_device
@@ -131,6 +132,8 @@ class LearnerLoop:
     mode): the next block is asked for across calls, and a call returns without waiting for its
     publications and priority writes to land. Otherwise every call ends with the newest weights
     published and landed (a sync round's broadcast pull sees them, and sync runs are deterministic).
+    `statistics`: the run's env.normalize statistics, merged from the workers' fragments
+    (`add_statistics`) and published inside the weights.
     """
 
     def __init__(self, learner: Learner, io: LearnerIO, publish_interval: int, prefetch: bool,
@@ -144,9 +147,23 @@ class LearnerLoop:
         # trains (each of those is a call to another process, a millisecond or more of its time).
         self.io_thread = ThreadPoolExecutor(1, thread_name_prefix="distrl-learner-io") if io.overlaps else None
         self.feeder = BlockFeeder(io.request, io.receive, device, self.io_thread if prefetch else None)
-        self.publisher = WeightPublisher(learner.weight_tensors, io.publish, device, threaded=io.overlaps)
+        self.statistics = SharedStatistics()
+        self.publisher = WeightPublisher(self.published_state, io.publish, device, threaded=io.overlaps)
         self.version = -1
         self.poisoned = False
+
+    def add_statistics(self, new: dict | None) -> None:
+        """Merge statistics workers recorded (they go out with the next weights)."""
+        self.statistics.merge(new)
+
+    def published_state(self) -> dict:
+        """What a publication sends: the learner's weights and, with env.normalize, the run's statistics."""
+        state = self.learner.weight_tensors()
+        if not self.statistics.parts:
+            return state
+        import torch
+
+        return {**state, **{k: torch.as_tensor(v) for k, v in self.statistics.arrays().items()}}
 
     def publish(self, restored: bool = False, wait: bool = True) -> int:
         """Snapshot the newest weights and send them out (`wait`: until they are sent), unless one of them
@@ -220,7 +237,9 @@ class LearnerLoop:
         if self.poisoned or not all_finite(self.learner.get_weights()):
             self.poisoned = True
             return None
-        return {"state": self.learner.state_dict(), "torch_rng": torch.get_rng_state(), "version": self.version}
+        statistics = {k: torch.as_tensor(v) for k, v in self.statistics.arrays().items()}
+        return {"state": self.learner.state_dict(), "torch_rng": torch.get_rng_state(), "version": self.version,
+                "statistics": statistics}
 
     def set_state(self, state: dict[str, Any]) -> int:
         """Restore the learner and its RNG, then publish its weights: they replace whatever was published,
@@ -231,6 +250,7 @@ class LearnerLoop:
         self.publisher.settle()
         self.learner.load_state_dict(state["state"])
         torch.set_rng_state(state["torch_rng"])
+        self.statistics.load({k: np.asarray(v) for k, v in state.get("statistics", {}).items()})
         version = self.publish(restored=True)
         self.io.flush()
         return version

@@ -26,6 +26,8 @@ class Rollout:
         self.fragments = 0
         # log.dataset: whole episodes travel with the fragment's info to the driver, the dataset's one writer
         self.recorder = EpisodeRecorder(envs.obs) if record else None
+        self.normalization = getattr(envs, "normalization", None)  # env.normalize: the envs' shared one
+        self.statistics_version = None  # the policy version whose statistics the envs normalize with
 
     def get_state(self) -> dict:
         """Exploration and RNG state (JSON-exact). Env internals are not captured: on
@@ -61,6 +63,9 @@ class Rollout:
 
     def _sample(self, tr) -> Fragment:
         T, E, envs = self.fragment_length, self.envs.num_envs, self.envs
+        if self.normalization is not None and self.statistics_version != self.policy.version:
+            self.envs.load_statistics(self.policy.statistics)  # those the weights came with
+            self.statistics_version = self.policy.version
         buf = Buffers(T)
         returns, lengths, episodes = [], [], []
         t_act = t_env = 0.0
@@ -94,7 +99,7 @@ class Rollout:
             episode_returns=np.asarray(returns, np.float64), episode_lengths=np.asarray(lengths, np.int64),
             timings={"env_s": t_env, "inference_s": t_act + time.time() - t0},
             env_errors=envs.env_errors - errors_before, pid=os.getpid(), items=len(data["version"]),
-            episodes=episodes,
+            episodes=episodes, statistics=self.normalization.take() if self.normalization is not None else None,
         )
         return Fragment(data, priorities, info)
 

@@ -265,7 +265,9 @@ class Learner(Traced):
         self.loop.io.flush()
         return version
 
-    def train(self, num_updates: int) -> TrainStats:
+    def train(self, num_updates: int, statistics: dict | None = None) -> TrainStats:
+        """`statistics`: env.normalize statistics from the fragments gathered since the last call."""
+        self.loop.add_statistics(statistics)
         stats = self.loop.train(num_updates)
         self.trimmer.maybe_trim()
         return stats

@@ -69,6 +69,7 @@ class LocalRoles(Roles):
             return Gathered()
         frag = self.rollout.sample()
         self.experience.add(frag.data, frag.priorities, frag.info.fragment_id)
+        self.loop.add_statistics(frag.info.statistics)
         for k, v in frag.info.timings.items():
             self.timings[k] += v
         return Gathered([frag.info], ready=1)

@@ -18,6 +18,7 @@ from ray.util.placement_group import remove_placement_group
 
 from distrl.config import Config
 from distrl.core import Gathered, Restarts, RoleLost, RoleRestarted, Roles, RunState, TrainStats
+from distrl.envs.normalize import merged
 from distrl.observe.trace import TraceStore, tracer
 from distrl.roles.evaluation import LOWEST, rank
 from distrl.roles.experience import newest_store, write_store
@@ -50,6 +51,7 @@ class RayRoles(Roles):
         self.ticking = False
         self.train_calls: dict = {}  # in-flight learner call -> updates asked
         self.rewound: list[TrainStats] = []  # learner restores to report with the next train()
+        self.statistics: list = []  # env.normalize statistics of fragments gathered, for the next learner call
         self.eval_ref = None
         self.trace_kept, self.trace_pulls = TraceStore(), []  # rings pulled at checkpoints, and pulls in flight
         self.timings = {"env_s": 0.0, "inference_s": 0.0, "pull_s": 0.0, "learner_s": 0.0, "learner_wait_s": 0.0}
@@ -84,6 +86,7 @@ class RayRoles(Roles):
             except RoleRestarted:  # the replay server died under these adds: their fragments are lost
                 pairs, failed = [], failed + len(pairs)
         infos = [info for info, _ in pairs]
+        self.statistics += [info.statistics for info in infos if info.statistics]
         for info in infos:
             for k, v in info.timings.items():
                 self.timings[k] = self.timings.get(k, 0.0) + v
@@ -161,7 +164,8 @@ class RayRoles(Roles):
         while not final and budget > 0 and len(self.train_calls) < max_queued:
             # Cap each call so the driver regains control often enough to log and stop.
             n = min(budget, 4 * self.cfg.learner.batches_per_call)
-            ref = self.learner.train.remote(n)
+            ref = self.learner.train.remote(n, merged(self.statistics) if self.statistics else None)
+            self.statistics = []
             self.train_calls[ref] = n
             budget -= n
             if self.pool.gatherer.waits_for_learner:

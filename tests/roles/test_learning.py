@@ -163,3 +163,40 @@ def test_a_learner_restored_to_an_older_state_publishes_it_over_the_newer_weight
     assert loop.io.versions() == [0, 4, 8, 4] and loop.io.restored == [False, False, False, True]
     assert_same_weights(loop.io.sent[-1][1], weights_at_save)
     assert loop.io.policy.version == 4
+
+
+NORMALIZE = ["env.id=Pendulum-v1", "env.num_envs=2", "rollout.fragment_length=8", "env.normalize.obs=true",
+             "env.normalize.reward=true"]
+
+
+def test_normalization_statistics_are_merged_published_with_the_weights_and_resumed_exactly():
+    from distrl.envs.normalize import RunningStats
+
+    a = wired("ppo_cartpole.yaml", NORMALIZE, 0)
+    cfg = load_config(os.path.join(CONFIGS, "ppo_cartpole.yaml"), ["workers=1", *NORMALIZE])
+    rollout = make_rollout(cfg, a.io.policy, cfg.seed, 0)
+    rows = []
+    for _ in range(3):
+        frag = rollout.sample()
+        a.io.experience.add(frag.data, frag.priorities)
+        a.add_statistics(frag.info.statistics)
+        rows.append(frag.info.statistics)
+    a.train(3)
+    sent = a.io.sent[-1][1]
+    assert {"normalize.obs.count", "normalize.ret.count"} <= set(sent)
+    assert sent["normalize.obs.count"][0] == 3 * 8 * 2 + 2  # every step of both envs, and their first resets
+    assert a.io.policy.statistics.keys() == {k for k in sent if k.startswith("normalize.")}
+    state = a.get_state()
+
+    b = wired("ppo_cartpole.yaml", NORMALIZE, 0)  # a resumed learner: its statistics come from the checkpoint
+    b.set_state(state)
+    assert_same_weights(b.io.sent[-1][1], {k: v for k, v in sent.items()})
+    more = rollout.sample().info.statistics
+    for loop in (a, b):
+        loop.add_statistics(more)
+    got = b.statistics.parts["obs"]
+    want = RunningStats()
+    for part in [*rows, more]:
+        want.merge(part["obs"])
+    assert got.count == want.count and np.allclose(got.mean, want.mean) and np.allclose(got.m2, want.m2)
+    assert_same_weights(a.statistics.arrays(), b.statistics.arrays())
