@@ -332,8 +332,23 @@ class RoleRestarted(RuntimeError):
     """A role died during a call and is back as a new process: that call's result is lost; try again."""
 
 
+class Stopping(Exception):
+    """A wait on a role cut short: the run's stop came meanwhile, or its wind-down's time is up (see
+    `Roles.wind_down`). What it waited for is left out of the run's end."""
+
+
 class Roles(abc.ABC):
     """What the driver needs from the processes of a run: the contract every mode implements."""
+
+    # Set by the driver: True once the run's stop has come (its budget or a signal). Waits on a role look at it
+    # every second and raise `Stopping`, so that a run ends on time whatever a role it waits on does.
+    stop_due: Callable[[], bool] = staticmethod(lambda: False)
+
+    def wind_down(self, deadline: float) -> list[str]:
+        """The run has stopped: from now on no wait lasts past `deadline` (it raises `Stopping`), and nothing
+        is restarted or waited for to come back. The processes silent at this moment (hung, or coming back from
+        a death) are ended at once; returns what they were ("learner", "worker 1")."""
+        return []
 
     @abc.abstractmethod
     def gather(self, allow_sampling: bool) -> Gathered:

@@ -30,6 +30,7 @@ class LocalRoles(Roles):
         self.lost: RoleLost | None = None  # the evaluator could not come back
         # First: overlaps its start-up.
         self.evaluator = LocalEvaluator(cfg, start_time, eval_resume, FaultLog(run_dir, start_time))
+        self.evaluator.stop_due = lambda: self.stop_due()  # the driver sets `stop_due` later
         algo = make_algorithm(cfg)
         learner = algo.make_learner(resolve_device(cfg.device))
         if cfg.learner.cuda_graph:
@@ -92,6 +93,9 @@ class LocalRoles(Roles):
 
     def eval_busy(self) -> bool:
         return self.evaluator.busy
+
+    def wind_down(self, deadline: float) -> list[str]:
+        return self.evaluator.wind_down(deadline)  # this process's roles are the driver: they wait on nothing
 
     def restarts(self, exact: bool = False) -> Restarts:
         """The evaluator's restarts (this process's roles do not restart: they are the driver). Looks at the
