@@ -4,7 +4,8 @@ A worker's restarts are Ray's count (`ActorTable`): a worker killed at any momen
 sees it die, even if the run ends before the worker answers again. Each worker's heartbeat is taken with
 every role's (`Heartbeats`): one silent for `fault.role_timeout_s` while ALIVE (stopped, or on a node not
 yet declared lost) is hung, and is ended so that Ray restarts it; its calls then fail. A call that fails, or
-that delivers nothing for `fault.worker_timeout_s` though its worker beats, restarts its worker too. A
+that delivers nothing for `fault.worker_timeout_s` (plus the time a role it calls takes to be found hung and
+restarted) though its worker beats, restarts its worker too. A
 worker that stays unreachable for `fault.worker_timeout_s` is lost: it gets no more calls, and is taken
 back if it ever answers again.
 """
@@ -28,8 +29,9 @@ class WorkerPool:
             self.table.track(w, "workers", f"worker {i}")
             beats.watch(f"rollout_worker_{i}", w)
         self.timeout_s = fault.worker_timeout_s
-        self.gatherer = (SyncGather(workers, self.timeout_s) if window_s is None
-                         else AsyncGather(workers, window_s, self.timeout_s))
+        # A call may wait on a role it calls being found hung and restarted before its own fragment's time.
+        limit_s = fault.worker_timeout_s + fault.role_timeout_s + fault.start_timeout_s
+        self.gatherer = (SyncGather(workers, limit_s) if window_s is None else AsyncGather(workers, window_s, limit_s))
         self.pids: dict[int, int] = {}
         self.new_processes = 0  # restarts seen as new pids: the count where Ray's table cannot be read
         self.restarting: dict[int, tuple[ray.ObjectRef, float]] = {}  # index -> (health check, down since)
