@@ -3,9 +3,11 @@
 The two modes differ only in their gather strategy (`SyncGather`, `AsyncGather`):
 which fragments the driver takes each iteration and whether it waits for the
 learner. Every role may die or hang: Ray restarts a dead one, a hung one is ended
-first (`RoleWatch`), each restart is counted when Ray reports the death
-(`ActorTable`), and the recovery is the role's own (see `_recover`). No wait on a
-role is longer than a second without the driver looking at every role's health.
+first (`Heartbeats`, on a thread of its own), each restart is counted when Ray
+reports the death (`ActorTable`), and the recovery is the role's own (see
+`_recover`). No wait on a role is longer than a second without the driver looking
+at the roles and at the run's stop; once the run has stopped, none lasts past the
+wind-down's deadline (`wind_down`).
 """
 from __future__ import annotations
 
@@ -18,7 +20,6 @@ from ray.util.placement_group import remove_placement_group
 
 from distrl.config import Config
 from distrl.core import Gathered, Restarts, RoleLost, RoleRestarted, Roles, RunState, Stopping, TrainStats
-from distrl.roles.evaluation import LOWEST, rank
 from distrl.roles.experience import newest_store, write_store
 from distrl.roles.factory import trace_settings
 from distrl.runtime.actor_base import start_tracing
@@ -27,6 +28,7 @@ from distrl.runtime.deaths import ActorTable, keep_ray_text_off_the_console
 from distrl.runtime.faultlog import FaultLog
 from distrl.runtime.ray_start import start_roles
 from distrl.runtime.ray_setup import ACTOR_GONE, init_ray, user_modules
+from distrl.runtime.ray_eval import EvalCalls
 from distrl.runtime.ray_traces import ActorTraces
 from distrl.runtime.watch import end_silent
 
@@ -47,14 +49,12 @@ class RayRoles(Roles):
         self.replay_refilled = 0  # items restarted replay servers got back from checkpoints
         self.learner_state = None  # what a restarted learner is restored to (set once the roles are up)
         self.restarts_before = Restarts()  # a resumed run's, from its checkpoint
-        self.eval_progress = {"evaluations": 0, "best": LOWEST, **(eval_resume or {})}  # for a restarted evaluator
+        self.evals = EvalCalls(eval_resume)  # the evaluation in flight, and the run's so far
         self.ticking = False
         self.wind_down_by: float | None = None  # set once the run has stopped: no wait lasts past it
         self.unrecovered: set[str] = set()  # roles back as a new process, not yet put back in the run
-        self.eval_results: list[dict] = []  # evaluations that arrived while the driver waited on a role
         self.train_calls: dict = {}  # in-flight learner call -> updates asked
         self.rewound: list[TrainStats] = []  # learner restores to report with the next train()
-        self.eval_ref = None
         self.trace = ActorTraces()  # what the actors recorded, pulled at checkpoints
         self.timings = {"env_s": 0.0, "inference_s": 0.0, "pull_s": 0.0, "learner_s": 0.0, "learner_wait_s": 0.0}
         self.faults = FaultLog(run_dir, start_time)
@@ -99,13 +99,14 @@ class RayRoles(Roles):
         return Gathered(infos, ready=ready, late=late, failed=failed)
 
     def _tick(self) -> None:
-        """Look at every role's health: hung ones are ended (Ray restarts them), restarted ones put back in
-        the run; `Stopping` once the run's stop has come. Not from inside a recovery (its own waits only
-        wait: a recovery is quick, and a checkpoint must never see a role half put back)."""
+        """Look at every role: restarted ones are put back in the run (hung ones are ended meanwhile by the
+        heartbeats' thread, and Ray restarts them); `Stopping` once the run's stop has come. Not from inside a
+        recovery (its own waits only wait: a recovery is quick, and a checkpoint must never see a role half
+        put back)."""
         if self.ticking:
             return
         if self.wind_down_by is None:
-            self._take_eval()
+            self.evals.take()
         self._check_stop()
         if self.wind_down_by is not None:  # the run has stopped: nothing is ended, restarted or put back now
             return
@@ -122,12 +123,12 @@ class RayRoles(Roles):
             self.ticking = False
 
     def _check_stop(self) -> None:
-        """`Stopping` once the run's stop has come (a solved evaluation in too), or, once it has stopped,
-        when the wind-down's time is up. Not inside a recovery, before the stop: it is quick."""
+        """`Stopping` once the run's stop has come (a solving evaluation's result in too), and once it has
+        stopped, when the wind-down's time is up. A recovery under way is not cut short by the stop."""
         if self.wind_down_by is not None:
             if time.time() >= self.wind_down_by:
                 raise Stopping("not done within the run's wind-down")
-        elif not self.ticking and (self.stop_due() or any(r.get("solved") for r in self.eval_results)):
+        elif not self.ticking and (self.stop_due() or self.evals.solved()):
             raise Stopping("the run's stop came")
 
     def _slice(self) -> float:
@@ -235,7 +236,7 @@ class RayRoles(Roles):
             self.replay_refilled += self._get(self.replay.refill.remote(
                 self.run_dir if on_this_node else None, None if on_this_node else newest_store(self.run_dir)), "replay")
         elif name == "evaluator":  # the run's evaluations and best so far, as a single-mode evaluator restarts with
-            self.evaluator.resume.remote(**self.eval_progress)
+            self.evaluator.resume.remote(**self.evals.progress)
         # The inference server pulls the weights before it answers; workers give it their envs' recurrent
         # states back (`RemoteInference`). A gradient worker needs nothing.
 
@@ -302,38 +303,20 @@ class RayRoles(Roles):
 
     # --- evaluator ------------------------------------------------------------------
     def submit_eval(self, env_steps: int, wait: bool = False) -> bool:
-        if self.eval_ref is not None:
-            return False
-        self.eval_ref = self.evaluator.evaluate.remote(env_steps)
-        return True
+        return self.evals.submit(self.evaluator, env_steps)
 
     def poll_eval(self, block: bool = False, timeout: float | None = None) -> list[dict]:
         deadline = time.time() + ((1e9 if timeout is None else timeout) if block else 0.0)
-        while self.eval_ref is not None:
-            ready, _ = ray.wait([self.eval_ref], timeout=max(0.0, min(self._slice(), deadline - time.time())))
+        while self.evals.ref is not None:
+            ready, _ = ray.wait([self.evals.ref], timeout=max(0.0, min(self._slice(), deadline - time.time())))
             if ready or time.time() >= deadline:
                 break
             self._tick()  # a hung evaluator is ended meanwhile: its call fails
-        self._take_eval()
-        out, self.eval_results = self.eval_results, []
-        return out
-
-    def _take_eval(self) -> None:
-        """The evaluation in flight's result, kept for `poll_eval` once it has arrived."""
-        if self.eval_ref is None or not ray.wait([self.eval_ref], timeout=0)[0]:
-            return
-        ref, self.eval_ref = self.eval_ref, None
-        try:
-            _, result = ray.get(ref)
-        except (*ACTOR_GONE, RayTaskError):
-            return  # it died in the call: the watch puts it back
-        if result is not None:
-            self.eval_progress["evaluations"] += 1
-            self.eval_progress["best"] = max(tuple(self.eval_progress["best"]), rank(result))
-            self.eval_results.append(result)
+        self.evals.take()
+        return self.evals.drain()
 
     def eval_busy(self) -> bool:
-        return self.eval_ref is not None
+        return self.evals.ref is not None
 
     # --- the rest of the contract -----------------------------------------------------
     def wind_down(self, deadline: float) -> list[str]:
