@@ -333,21 +333,16 @@ class RoleRestarted(RuntimeError):
 
 
 class Stopping(Exception):
-    """A wait on a role cut short: the run's stop came meanwhile, or its wind-down's time is up (see
-    `Roles.wind_down`). What it waited for is left out of the run's end."""
+    """A wait on a role cut short by the run's stop, or by its wind-down's deadline (`Roles.wind_down`)."""
 
 
 class Roles(abc.ABC):
     """What the driver needs from the processes of a run: the contract every mode implements."""
 
-    # Set by the driver: True once the run's stop has come (its budget or a signal). Waits on a role look at it
-    # every second and raise `Stopping`, so that a run ends on time whatever a role it waits on does.
-    stop_due: Callable[[], bool] = staticmethod(lambda: False)
+    stop_due: Callable[[], bool] = staticmethod(lambda: False)  # the driver's: waits on roles end at the stop
 
     def wind_down(self, deadline: float) -> list[str]:
-        """The run has stopped: from now on no wait lasts past `deadline` (it raises `Stopping`), and nothing
-        is restarted or waited for to come back. The processes silent at this moment (hung, or coming back from
-        a death) are ended at once; returns what they were ("learner", "worker 1")."""
+        """Stopped: no wait past `deadline`, no restart; processes silent now ended (once): which ones."""
         return []
 
     @abc.abstractmethod
