@@ -339,11 +339,8 @@ class Stopping(Exception):
 class Roles(abc.ABC):
     """What the driver needs from the processes of a run: the contract every mode implements."""
 
-    stop_due: Callable[[], bool] = staticmethod(lambda: False)  # the driver's: waits on roles end at the stop
-
-    def wind_down(self, deadline: float) -> list[str]:
-        """Stopped: no wait past `deadline`, no restart; processes silent now ended (once): which ones."""
-        return []
+    # Set by the driver: waits on roles end at the run's stop; `wind_down(deadline)` once it has stopped.
+    stop_due: Callable[[], bool] = staticmethod(lambda: False)
 
     @abc.abstractmethod
     def gather(self, allow_sampling: bool) -> Gathered:

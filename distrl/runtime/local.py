@@ -95,7 +95,9 @@ class LocalRoles(Roles):
         return self.evaluator.busy
 
     def wind_down(self, deadline: float) -> list[str]:
-        return self.evaluator.wind_down(deadline)  # this process's roles are the driver: they wait on nothing
+        """The run has stopped: no wait lasts past `deadline`, nothing is restarted; a process silent now is
+        ended (the first time): which ones. This process's roles are the driver's own: only the evaluator."""
+        return self.evaluator.wind_down(deadline)
 
     def restarts(self, exact: bool = False) -> Restarts:
         """The evaluator's restarts (this process's roles do not restart: they are the driver). Looks at the
