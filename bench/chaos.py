@@ -276,6 +276,8 @@ def run_chaos(mode: str, minutes: float, seed: int = 0, run_dir: str | None = No
     watch.scan()
     lines.scan()
     fault_times(chaos.faults, lines.lines, {role: label for role, (_, _, label) in chaos.roles.items()})
+    chaos.problems += [f"{f['role']} {f['action']} at {f['wall_s']:.0f} s: found after {f.get('found_s', 'no line')} s"
+                       for f in chaos.faults if not f.get("found_s", 1e9) < 15.0]
     return check(chaos, watch, killed, proc.returncode, exited)
 
 

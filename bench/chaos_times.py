@@ -37,7 +37,13 @@ class FaultLines(threading.Thread):
 
 
 def is_line_of(text: str, label: str) -> bool:
-    return text.startswith(label) and ", restarted in " in text and not (label == "worker " and text.startswith("gradient"))
+    return text.startswith(label) and ", restarted " in text and not (label == "worker " and text.startswith("gradient"))
+
+
+def restart_took(text: str) -> float:
+    """The seconds a line gives its restart: `restarted in 2.1 s`; `restarted within 0.5 s` (back before the
+    driver's next read of Ray's table) is taken as none."""
+    return float(text.rsplit("restarted in ", 1)[1].split(" s")[0]) if "restarted in " in text else 0.0
 
 
 def fault_times(faults: list[dict], lines: list[tuple[float, str]], labels: dict[str, str]) -> None:
@@ -47,7 +53,7 @@ def fault_times(faults: list[dict], lines: list[tuple[float, str]], labels: dict
     for role, label in labels.items():
         ours = [(seen, text) for seen, text in lines if is_line_of(text, label)]
         for fault, (seen, text) in zip([f for f in faults if f["role"] == role], ours):
-            took = float(text.rsplit("restarted in ", 1)[1].split(" s")[0])
+            took = restart_took(text)
             fault["found_s"], fault["resolved_s"] = round(seen - took - fault["at"], 2), round(seen - fault["at"], 2)
 
 
