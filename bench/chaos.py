@@ -4,17 +4,22 @@ hold afterwards.
     python -m bench.chaos --minutes 10 --mode single|sync|async [--seed 0] [--out bench/results/chaos_MODE.json]
 
 Ape-X DQN on CartPole runs for `--minutes` of its own wall time (stop.max_seconds; no target, so the run
-ends by its own stop rule). About every 20 s the schedule picks a role (a seeded shuffle of the roles the
-mode has: rollout worker, learner, parameter server, replay server, evaluator, inference server, gradient
-worker; single mode has only its evaluator process) and SIGKILLs one of its processes, or SIGSTOPs it for
-twice fault.role_timeout_s (distrl must end it within the timeout; it is SIGCONTed after, if it is somehow
-still there). A fault waits until the previous one's restart is in RUN_DIR/faults.log. Once, between 35%
-and 55% of the run, the driver is SIGKILLed right after a checkpoint (what is left of its process tree
-too) and the run resumed with `distrl resume`. Faults stop 30 s before the run's end, so that each is
-resolved within the run.
+ends by its own stop rule), with the shipped fault defaults (only the restart limits are raised, so that a
+long run's many faults do not end it). About every 20 s the schedule picks a role (a seeded shuffle of the
+roles the mode has: rollout worker, learner, parameter server, replay server, evaluator, inference server,
+gradient worker; single mode has only its evaluator process) and SIGKILLs one of its processes, or
+SIGSTOPs it for twice the default fault.role_timeout_s (distrl must end it within the timeout; it is
+SIGCONTed after, if it is somehow still there). A fault waits until the previous one's restart is in
+RUN_DIR/faults.log. Once, between 35% and 55% of the run, the driver is SIGKILLed right after a checkpoint
+(what is left of its process tree too) and the run resumed with `distrl resume`. Faults stop 30 s before
+the run's end, so that each is resolved within the run.
+
+Each fault's times are measured: found (the death noticed, or the hang ended) and resolved (the new
+process back), from the signal, read off its line in faults.log as that line appears (to within the 0.5 s
+at which the driver reads Ray's actor table).
 
 Checked afterwards: the run ended by its own stop rule (max_seconds) with exit status 0 and no failure,
-never hung (a hard limit); env steps and updates never went back across the resume; every checkpoint
+within 10 s of its budget, never hung (a hard limit); env steps and updates never went back across the resume; every checkpoint
 written verifies (read as it appears, and again at the end); summary.json's restarts per role equal the
 faults injected; the replay restored on resume hashes as its checkpoint recorded, and so does the newest
 checkpoint's; metrics.csv is monotonic (updates may fall back only to a checkpoint, where a restarted
@@ -34,11 +39,14 @@ import tempfile
 import threading
 import time
 
+from bench.chaos_times import FaultLines, fault_times, summarize
 from bench.common import ROOT, hardware, write_json
 from bench.procfs import descendants, started_at, stat_fields
+from distrl.config import FaultConfig
 
 CONFIG = os.path.join(ROOT, "configs", "apex_dqn_cartpole.yaml")
-ROLE_TIMEOUT_S = 10
+ENDED_S = 10.0  # a run has ended this long after its budget at most
+STOP_S = 2 * FaultConfig().role_timeout_s  # how long a SIGSTOP lasts: twice the default hang timeout
 PERIOD_S = 20.0
 QUIET_END_S = 30.0  # no fault this close to the run's end: each is resolved within the run
 # role -> (process title, summary.json key, the label distrl's fault lines start with)
@@ -54,7 +62,7 @@ SINGLE = {"evaluator": ("distrl-eval", "evaluator_restarts", "evaluator ")}
 
 def overrides(mode: str, minutes: float, extra: tuple = ()) -> list[str]:
     sets = [f"mode={mode}", f"stop.max_seconds={minutes * 60:g}", "eval.target_return=null", "eval.interval_s=2",
-            f"fault.role_timeout_s={ROLE_TIMEOUT_S}", "fault.worker_timeout_s=60", "fault.max_role_restarts=100",
+            "fault.max_role_restarts=100",
             "fault.max_worker_restarts=100", "checkpoint.interval_s=10", "log.progress=false",
             "log.tensorboard=false", "log.interval_s=1"]
     if mode != "single":
@@ -175,18 +183,19 @@ class Chaos:
             self.cycle.append(role)  # not up yet: later
             return
         pid, action = self.rng.choice(pids), self.rng.choice(["SIGKILL", "SIGSTOP"])
-        fault = {"wall_s": wall(self.run_dir), "role": role, "action": action, "pid": pid, "start": started_at(pid)}
+        fault = {"wall_s": wall(self.run_dir), "role": role, "action": action, "pid": pid, "start": started_at(pid),
+                 "at": time.time()}
         os.kill(pid, getattr(signal, action))
         self.faults.append(fault)
         print(f"chaos: {action} {role} (pid {pid}) at {fault['wall_s']:.0f} s", flush=True)
         if action == "SIGSTOP":
-            timer = threading.Timer(2 * ROLE_TIMEOUT_S, self._continue, args=(fault,))
+            timer = threading.Timer(STOP_S, self._continue, args=(fault,))
             timer.daemon = True
             timer.start()
 
     def _continue(self, fault: dict) -> None:
         if started_at(fault["pid"]) == fault["start"]:  # still there: distrl did not end it
-            self.problems.append(f"{fault['role']} pid {fault['pid']} stopped for {2 * ROLE_TIMEOUT_S} s was not ended")
+            self.problems.append(f"{fault['role']} pid {fault['pid']} stopped for {STOP_S:g} s was not ended")
             os.kill(fault["pid"], signal.SIGCONT)
 
     def kill_driver(self, proc: subprocess.Popen, watch: CheckpointWatch) -> dict:
@@ -240,8 +249,9 @@ def start(args: list[str], log) -> subprocess.Popen:
 def run_chaos(mode: str, minutes: float, seed: int = 0, run_dir: str | None = None, extra: tuple = ()) -> dict:
     """One chaos run; its checks under "checks", all true when "ok". `extra`: more config overrides."""
     run_dir = run_dir or os.path.join(tempfile.mkdtemp(prefix=f"chaos-{mode}-"), "run")
-    chaos, watch = Chaos(mode, minutes, seed, run_dir), CheckpointWatch(run_dir)
+    chaos, watch, lines = Chaos(mode, minutes, seed, run_dir), CheckpointWatch(run_dir), FaultLines(run_dir)
     watch.start()
+    lines.start()
     limit = time.time() + minutes * 60 + 300  # the run's own budget, start-ups, the resume: past it, a hang
     with open(run_dir + ".console.log", "w") as log:
         proc = start(["train", CONFIG, "--run-dir", run_dir, *overrides(mode, minutes, extra)], log)
@@ -259,13 +269,19 @@ def run_chaos(mode: str, minutes: float, seed: int = 0, run_dir: str | None = No
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
-            watch.done.set()
-            watch.join(timeout=10)
+            exited = time.time()
+            for thread in (watch, lines):
+                thread.done.set()
+                thread.join(timeout=10)
     watch.scan()
-    return check(chaos, watch, killed, proc.returncode)
+    lines.scan()
+    fault_times(chaos.faults, lines.lines, {role: label for role, (_, _, label) in chaos.roles.items()})
+    chaos.problems += [f"{f['role']} {f['action']} at {f['wall_s']:.0f} s: found after {f.get('found_s', 'no line')} s"
+                       for f in chaos.faults if not f.get("found_s", 1e9) < 15.0]
+    return check(chaos, watch, killed, proc.returncode, exited)
 
 
-def check(chaos: Chaos, watch: CheckpointWatch, killed: dict | None, code: int) -> dict:
+def check(chaos: Chaos, watch: CheckpointWatch, killed: dict | None, code: int, exited: float) -> dict:
     from distrl.checkpoint.run import load_latest
     from distrl.replay.store import digest
 
@@ -278,9 +294,14 @@ def check(chaos: Chaos, watch: CheckpointWatch, killed: dict | None, code: int) 
         if os.path.exists(os.path.join(run_dir, "resumes.jsonl")) else []
     _, newest = load_latest(run_dir)
     rows = metrics(run_dir)
+    # From the budget's end to the process's exit: to summary.json, then from summary.json to the exit.
+    written = os.path.getmtime(os.path.join(run_dir, "summary.json")) if summary else exited
+    ended_after_s = summary.get("stop_to_summary_s", 1e9) + exited - written
     checks = {
         "ended_by_its_stop_rule_exit_0": code == 0 and summary.get("stop_reason") == "max_seconds"
                                          and summary.get("failure") is None,
+        "ended_within_10_s_of_its_budget": ended_after_s < ENDED_S,
+        "every_fault_found_within_15_s": all(f.get("found_s", 1e9) < 15.0 for f in chaos.faults),
         "never_hung": not any(p.startswith("hang") for p in chaos.problems),
         "every_stopped_process_was_ended": not any("was not ended" in p for p in chaos.problems),
         "driver_killed_and_resumed_once": killed is not None and len(resumes) == 1,
@@ -295,7 +316,8 @@ def check(chaos: Chaos, watch: CheckpointWatch, killed: dict | None, code: int) 
     return {"ok": all(checks.values()), "checks": checks, "mode": chaos.mode, "minutes": chaos.minutes,
             "faults": chaos.faults, "faults_injected": injected, "restarts_counted": counted, "driver_kill": killed,
             "problems": chaos.problems + watch.failed, "checkpoints_verified": len(watch.seen),
-            "exit_code": code, "run_dir": run_dir,
+            "exit_code": code, "run_dir": run_dir, "ended_after_budget_s": round(ended_after_s, 2),
+            "fault_times": summarize(chaos.faults),
             "summary": {k: summary.get(k) for k in ("stop_reason", "failure", "wall_s", "env_steps", "updates",
                                                      "updates_lost", "fragments_dropped", "workers_lost")}}
 
@@ -333,11 +355,16 @@ def main() -> None:
     result = run_chaos(args.mode, args.minutes, args.seed)
     result["hardware"] = hardware()
     write_json(args.out or os.path.join(ROOT, "bench", "results", f"chaos_{args.mode}.json"), result)
-    print("| mode | minutes | faults (kill/stop) | restarts counted = injected | driver kill + resume | checkpoints "
-          "verified | all checks |\n|---|---|---|---|---|---|---|")
+    print("| mode | minutes | faults (kill/stop) | restarts counted = injected | found (s): kill, stop, median / max "
+          "| resolved (s): kill, stop, median / max | ended after its budget (s) | driver kill + resume | "
+          "checkpoints verified | all checks |\n|---|---|---|---|---|---|---|---|---|---|")
     kills = sum(f["action"] == "SIGKILL" for f in result["faults"])
+    times = result["fault_times"]
+    took = {k: ", ".join(f"{times[a][k + '_median']} / {times[a][k + '_max']}" if a in times else "-"
+                         for a in ("SIGKILL", "SIGSTOP")) for k in ("found", "resolved")}
     print(f"| {args.mode} | {args.minutes:g} | {len(result['faults'])} ({kills}/{len(result['faults']) - kills}) | "
-          f"{result['checks']['restarts_equal_faults_injected']} | {result['checks']['driver_killed_and_resumed_once']} "
+          f"{result['checks']['restarts_equal_faults_injected']} | {took['found']} | {took['resolved']} | "
+          f"{result['ended_after_budget_s']} | {result['checks']['driver_killed_and_resumed_once']} "
           f"| {result['checkpoints_verified']} | {'pass' if result['ok'] else 'FAIL'} |")
     for name, ok in result["checks"].items():
         print(f"{'ok  ' if ok else 'FAIL'} {name}")

@@ -334,8 +334,15 @@ class RoleRestarted(RuntimeError):
     """A role died during a call and is back as a new process: that call's result is lost; try again."""
 
 
+class Stopping(Exception):
+    """A wait on a role cut short by the run's stop, or by its wind-down's deadline (`Roles.wind_down`)."""
+
+
 class Roles(abc.ABC):
     """What the driver needs from the processes of a run: the contract every mode implements."""
+
+    # Set by the driver: waits on roles end at the run's stop; `wind_down(deadline)` once it has stopped.
+    stop_due: Callable[[], bool] = staticmethod(lambda: False)
 
     @abc.abstractmethod
     def gather(self, allow_sampling: bool) -> Gathered:

@@ -3,6 +3,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -14,6 +15,9 @@ R2D2 = os.path.join(ROOT, "configs", "r2d2_repeat_previous.yaml")
 
 
 def run_main(capsys, *argv):
+    import distrl.cli
+
+    distrl.cli.START = time.time()  # the command's start, as the console script's import sets it (a budget counts from it)
     code = main(list(argv))
     out = capsys.readouterr()
     return code, out.out, out.err

@@ -124,7 +124,7 @@ class EvalConfig:
 
 @dataclass
 class StopConfig:
-    max_seconds: float = f(600.0, "wall seconds before the run stops", lo=0.0, lo_open=True, hi=YEAR_S)
+    max_seconds: float = f(600.0, "wall seconds before the run stops; it has ended 10 s later at most, whatever its roles do (a last evaluation or checkpoint that does not fit is skipped, and summary.json's skipped_at_stop says so)", lo=0.0, lo_open=True, hi=YEAR_S)
     max_env_steps: int | None = f(None, "env steps before the run stops (null = no limit)", lo=1)
     max_updates: int | None = f(None, "learner updates before the run stops (null = no limit)", lo=1)
 
@@ -139,8 +139,9 @@ class FaultConfig:
     max_worker_restarts: int = f(10, "rollout-worker process restarts before the run stops", lo=0)
     max_env_errors: int = f(1000, "env exceptions or non-finite env outputs (each ends its episode and is counted) before the run stops", lo=0)
     max_role_restarts: int = f(10, "restarts of the learner, replay server, parameter server or evaluator (each) before the run stops", lo=0)
-    worker_timeout_s: float = f(120.0, "a dead worker not back after this long is dropped from the run (workers_lost); a worker call taking longer than this plus role_timeout_s counts as failed", lo=1.0, hi=WEEK_S)
-    role_timeout_s: float = f(120.0, "a process (any role's, single mode's evaluator too) leaving its health check unanswered this long is hung: it is ended and restarted; a role not started or back after a death within this long (at least 60 s) ends the run", lo=1.0, hi=WEEK_S)
+    worker_timeout_s: float = f(120.0, "a dead worker not back after this long is dropped from the run (workers_lost); a worker that keeps its heartbeat but delivers no fragment for this long plus role_timeout_s and start_timeout_s (a role it calls may be found hung and restarted meanwhile) is restarted", lo=1.0, hi=WEEK_S)
+    role_timeout_s: float = f(5.0, "heartbeats: every role's process (rollout workers, learner, replay, parameter and inference servers, evaluator, gradient workers; single mode's evaluator) answers the driver on a thread of its own about every second, so a long evaluation, checkpoint or env step never counts; one silent this long (stopped, frozen, or on a node Ray has not yet declared lost) is hung: it is ended and restarted, or at a run's stop ended and not waited for", lo=1.0, hi=WEEK_S)
+    start_timeout_s: float = f(120.0, "a role not started, or not back after a death or hang, within this long ends the run (a start imports torch: tens of seconds on a loaded machine); also how long a cluster placement waits for room", lo=1.0, hi=WEEK_S)
     max_nonfinite_updates: int = f(100, "updates in a row skipped for a NaN or inf loss or gradient before the run stops", lo=1)
 
 

@@ -4,9 +4,8 @@ An actor is given its peers by name (`peer`): Ray re-creates a dead actor from i
 constructor arguments, and names are plain data that always travel with them
 (`distrl.runtime.ray_start`).
 
-Every actor is created with enable_task_events=False: Ray would otherwise record
-and ship to the GCS a status event per call (hundreds per second here) for a
-dashboard that is not running.
+Every actor is made with `role_actor`: its heartbeat answered on a thread of its own,
+and no per-call task events.
 """
 from __future__ import annotations
 
@@ -23,13 +22,13 @@ from distrl.core import TrainStats, Weights
 from distrl.observe.trace import tracer
 from distrl.roles.factory import trace_settings
 from distrl.roles.learning import LearnerIO
-from distrl.runtime.actor_base import HEALTH, Traced, peer, start_tracing
+from distrl.runtime.actor_base import Traced, peer, role_actor, start_tracing
 from distrl.runtime.inference import RemoteInference
 from distrl.runtime.pacing import learner_loop, thread_choice
 from distrl.runtime.ray_setup import ACTOR_GONE, HeapTrimmer
 
 
-@ray.remote(num_cpus=0, enable_task_events=False, concurrency_groups=HEALTH)
+@role_actor(num_cpus=0)
 class ParameterServer(Traced):
     """Newest weights and their version, held and handed out by value.
 
@@ -60,7 +59,7 @@ class ParameterServer(Traced):
 
 
 
-@ray.remote(num_cpus=0, enable_task_events=False, concurrency_groups=HEALTH)
+@role_actor(num_cpus=0)
 class ReplayServer(Traced):
     """Hosts the run's `ExperienceServer`: replay, or the on-policy trajectory FIFO."""
 
@@ -135,7 +134,7 @@ class ReplayServer(Traced):
         self.experience.load(state)
 
 
-@ray.remote(enable_task_events=False, concurrency_groups=HEALTH)
+@role_actor()
 class RolloutWorker(Traced):
     """Steps `env.num_envs` envs with batched inference; one fragment per `sample` call."""
 
@@ -237,7 +236,7 @@ class RayIO(LearnerIO):
                 pass
 
 
-@ray.remote(enable_task_events=False, concurrency_groups=HEALTH)
+@role_actor()
 class Learner(Traced):
     """Hosts the `LearnerLoop`: the only optimizer.step(), prefetching its next block while it trains."""
 
@@ -253,7 +252,9 @@ class Learner(Traced):
         if cfg.learner.cuda_graph:
             learner.capture_update()
         if gradient_workers:
-            learner.use_gradient_workers(ray_gradient_fn([peer(g) for g in gradient_workers], cfg.fault.role_timeout_s),
+            # A shard's worker may be found hung and restarted before it answers.
+            learner.use_gradient_workers(ray_gradient_fn([peer(g) for g in gradient_workers],
+                                                         cfg.fault.role_timeout_s + cfg.fault.start_timeout_s),
                                          len(gradient_workers))
         self.loop = learner_loop(learner, cfg.algo, cfg.learner, RayIO(peer(ps), peer(replay)),
                                  continuous=cfg.mode == "async", threads=thread_choice(cfg, device))
@@ -279,7 +280,7 @@ class Learner(Traced):
         return self.loop.set_state(state)
 
 
-@ray.remote(num_cpus=0, enable_task_events=False, concurrency_groups=HEALTH)
+@role_actor(num_cpus=0)
 class Evaluator(Traced):
     """Plays greedy episodes with the newest published weights; a new best comes back with its weights."""
 
@@ -313,7 +314,7 @@ class Evaluator(Traced):
 
 
 
-@ray.remote(num_cpus=0, enable_task_events=False, concurrency_groups=HEALTH)
+@role_actor(num_cpus=0)
 class GradientWorker(Traced):
     """A replica of the learner's network and loss that computes the gradient of one shard of each
     learner step (`distrl.algos.sharding`); it never steps an optimizer. A call is a pure function of
@@ -340,17 +341,18 @@ class GradientWorker(Traced):
 
 
 class GradientTimeout(RuntimeError):
-    """Gradient workers did not answer within three times fault.role_timeout_s, though each answers its
-    health check (the driver ends and restarts a hung one)."""
+    """Gradient workers sent no gradient within the time it takes to find one hung and restart it."""
 
 
 def ray_gradient_fn(workers: list, timeout_s: float, retries: int = 3):
     """Shard i goes to gradient worker i; the weights travel once through the object store. A shard whose
-    worker died (and whose call Ray's own retries did not save) goes again to its restarted process."""
+    worker died (and whose call Ray's own retries did not save) goes again to its restarted process. A shard
+    not back within `timeout_s` (fault.role_timeout_s + fault.start_timeout_s: the driver ends a hung worker,
+    and Ray restarts it and runs the shard again) is `GradientTimeout`."""
     def run(weights: Weights, shards: list[dict]) -> list:
         ref = ray.put(weights)
         calls = {i: w.gradients.remote(ref, s) for i, (w, s) in enumerate(zip(workers, shards))}
-        out, tries, deadline = {}, dict.fromkeys(calls, 0), time.time() + 3 * timeout_s
+        out, tries, deadline = {}, dict.fromkeys(calls, 0), time.time() + timeout_s
         while calls:
             ready, _ = ray.wait(list(calls.values()), num_returns=len(calls), timeout=1.0)
             for i, call in list(calls.items()):
@@ -365,6 +367,6 @@ def ray_gradient_fn(workers: list, timeout_s: float, retries: int = 3):
                         raise
                     calls[i] = workers[i].gradients.remote(ref, shards[i])
             if calls and time.time() > deadline:
-                raise GradientTimeout(f"gradient workers {sorted(calls)} sent no gradient within 3 x {timeout_s:g} s")
+                raise GradientTimeout(f"gradient workers {sorted(calls)} sent no gradient within {timeout_s:g} s")
         return [out[i] for i in range(len(shards))]
     return run

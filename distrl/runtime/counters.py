@@ -73,6 +73,36 @@ class Counters:
 TRANSIENT = ("lags", "all_lags", "ready", "late", "learner_scalars")
 
 
+class HeldTime:
+    """Wall time the driver held each side back (`Counters.workers_blocked_s`, `learner_blocked_s`), charged
+    after the fact: at the end of each loop pass, to the sides the pass before it held, and at every metrics
+    row too, so that a row's share is of its own interval only (between 0 and 1), never of time before it."""
+
+    def __init__(self, c: Counters, now: float):
+        self.c, self.last = c, now
+        self.workers = self.learner = False  # which side the last pass held back
+        self.row_at, self.row_blocked = now, (c.workers_blocked_s, c.learner_blocked_s)
+
+    def charge(self, now: float) -> None:
+        dt, self.last = max(0.0, now - self.last), max(self.last, now)
+        self.c.workers_blocked_s += dt if self.workers else 0.0
+        self.c.learner_blocked_s += dt if self.learner else 0.0
+
+    def passed(self, now: float, workers: bool, learner: bool) -> None:
+        """A loop pass ended at `now`, holding back the workers and/or the learner from now on."""
+        self.charge(now)
+        self.workers, self.learner = workers, learner
+
+    def shares(self, now: float) -> tuple[float, float]:
+        """(workers', learner's) share of the time since the last row held back; a row is taken at `now`."""
+        self.charge(now)
+        dt = max(now - self.row_at, 1e-9)
+        blocked = (self.c.workers_blocked_s, self.c.learner_blocked_s)
+        w, l = ((b - a) / dt for a, b in zip(self.row_blocked, blocked))
+        self.row_at, self.row_blocked = now, blocked
+        return w, l
+
+
 def _plain(x):
     """numpy scalars/arrays -> python, recursively: checkpoint metadata must be JSON-exact."""
     if isinstance(x, dict):

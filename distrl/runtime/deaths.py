@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -59,6 +60,7 @@ class ActorTable:
         self.tracked: dict[str, Tracked] = {}  # actor id -> what is known of it
         self.last_read = 0.0
         self.readable = True  # False once a read failed for every actor: counts fall back to pids
+        self.lock = threading.RLock()  # the heartbeats' thread reads and ends too
         self.here = ray.get_runtime_context().get_node_id()
 
     def track(self, actor, role: str, label: str) -> None:
@@ -69,16 +71,17 @@ class ActorTable:
 
     def poll(self, force: bool = False) -> None:
         """Read the table (at most every `interval_s` unless `force`) and report what changed."""
-        now = time.time()
-        if not force and now - self.last_read < self.interval_s:
-            return
-        self.last_read, rows = now, 0
-        for actor_id, t in self.tracked.items():
-            row = read_actor(actor_id)
-            if row is not None:
-                rows += 1
-                self._update(t, row, now)
-        self.readable = rows > 0 or not self.tracked
+        with self.lock:
+            now = time.time()
+            if not force and now - self.last_read < self.interval_s:
+                return
+            self.last_read, rows = now, 0
+            for actor_id, t in list(self.tracked.items()):
+                row = read_actor(actor_id)
+                if row is not None:
+                    rows += 1
+                    self._update(t, row, now)
+            self.readable = rows > 0 or not self.tracked
 
     def _update(self, t: Tracked, row: dict, now: float) -> None:
         restarts, state = int(row["NumRestarts"]), row["State"]
@@ -114,14 +117,28 @@ class ActorTable:
         """End a hung actor's process so that Ray restarts it: SIGKILL when it runs on this node (at
         once, a stopped process too), else through Ray. The death is counted when Ray reports it."""
         t = self.of(actor)
-        t.ended = (cause, time.time())
-        if t.pid and t.node == self.here:
-            try:
-                os.kill(t.pid, signal.SIGKILL)
-                return
-            except OSError:
-                pass  # gone already: Ray is about to report it
-        ray.kill(actor, no_restart=False)
+        with self.lock:
+            t.ended = (cause, time.time())
+            if t.pid and t.node == self.here:
+                try:
+                    os.kill(t.pid, signal.SIGKILL)
+                    return
+                except OSError:
+                    pass  # gone already: Ray is about to report it
+            ray.kill(actor, no_restart=False)
+
+    def end_for_good(self, actor) -> None:
+        """End an actor's process with no restart (a run's stop: nothing is waited for), at once: a stopped
+        process too. Not a death to count or report."""
+        t = self.of(actor)
+        with self.lock:
+            t.ended = ("closed", time.time())
+            ray.kill(actor, no_restart=True)  # its calls fail from now on
+            if t.state == "ALIVE" and t.pid and t.node == self.here:  # Ray ends one that does not answer seconds later
+                try:
+                    os.kill(t.pid, signal.SIGKILL)
+                except OSError:
+                    pass
 
     def settle(self, timeout_s: float) -> None:
         """For an exact count at a run's end: an actor whose process is gone but still ALIVE in the table

@@ -8,18 +8,19 @@ import traceback
 from contextlib import nullcontext
 
 
-from distrl.checkpoint import save_json
 from distrl.config import Config
-from distrl.core import Gathered, RoleLost, RoleRestarted, Roles, TrainStats, add_to_sums
+from distrl.core import Gathered, RoleLost, RoleRestarted, Roles, Stopping, TrainStats, add_to_sums
 from distrl.observe import MetricsLogger
 from distrl.observe.trace import tracer
 from distrl.observe.trace_segments import write_run_trace
 from distrl.registry import on_policy
 from distrl.runtime.pacing import pacing
 from distrl.roles.evaluation import rank, save_best, saved_rank
-from distrl.runtime.counters import Counters, note_restarts
-from distrl.runtime.rows import metrics_row, run_summary
+from distrl.runtime.counters import Counters, HeldTime, note_restarts
+from distrl.runtime.faultlog import FaultLog
+from distrl.runtime.rows import metrics_row
 from distrl.runtime.snapshot import save_checkpoint
+from distrl.runtime.wind_down import WindDown, finish
 
 
 FAILURE_LOG = "failure.log"  # the traceback of a fault that ended a run, for a bug report
@@ -53,6 +54,10 @@ class Driver:
         self.checkpoint_s: list[float] = []
         self.last_checkpoint = time.time()
         self.stop_requested: str | None = None
+        self.stop_requested_at = self.solved_seen_at = None  # when a signal came, when the target was reached
+        self.wind: WindDown | None = None  # from the stop on
+        self.faults = FaultLog(run_dir, start_time)  # what the wind-down skipped: a line each
+        roles.stop_due = self._stop_due  # its waits on roles end at the stop
         self.failure: str | None = None
         self.abort = False  # a second interrupt: wind down without waiting on anything
         self.interruptible = True  # False once only summary.json is left to write: later interrupts wait for it
@@ -64,9 +69,7 @@ class Driver:
         self.learner_starved = False
         self.last_eval_steps = self.c.env_steps
         self.last_log = self.last_log_steps = self.last_log_updates = None
-        self.held = {"workers": False, "learner": False}  # which side the last loop pass held back
-        self.blocked_at_log = (self.c.workers_blocked_s, self.c.learner_blocked_s)
-        self.last_tick = time.time()
+        self.held = HeldTime(self.c, time.time())  # which side the loop held back, and for how long
         self.best_rank = saved_rank(run_dir)
         self.dataset = episode_log(cfg, run_dir, append=counters is not None) if cfg.log.dataset else None
 
@@ -94,11 +97,7 @@ class Driver:
 
     def _tick(self, workers_held: bool, learner_held: bool) -> None:
         """Charge the time since the last pass to whichever side was held back during it."""
-        now = time.time()
-        dt, self.last_tick = now - self.last_tick, now
-        self.c.workers_blocked_s += dt if self.held["workers"] else 0.0
-        self.c.learner_blocked_s += dt if self.held["learner"] else 0.0
-        self.held = {"workers": workers_held, "learner": learner_held}
+        self.held.passed(time.time(), workers_held, learner_held)
 
     # --- the loop ---------------------------------------------------------------
     def run(self) -> dict:
@@ -122,27 +121,33 @@ class Driver:
     def _loop(self, tr) -> str:
         reason, held = None, None  # held: the open `learner_held` span while the rate limiter holds the learner
         while reason is None:
-            allowed = self.sampling_allowed()
-            with tr.span("gather" if allowed else "backpressure", "wait") if self.distributed else nullcontext():
-                self._count_fragments(self.roles.gather(allowed))
-            budget = self.update_budget()
-            if budget > 0 and held is not None:  # released: the span ends before the updates it allows
-                tr.end(held)
-                held = None
-            for stats in self.roles.train(budget):
-                self._count_training(stats)
-            learner_held = budget <= 0 and self.roles.updates_in_flight() == 0
-            if learner_held and not self.on_policy and held is None:
-                # Its own track: the hold outlasts the gathers and logs the driver thread does meanwhile.
-                held = tr.begin("learner_held", "wait", track="rate limiter")
-            self._tick(workers_held=not allowed, learner_held=learner_held)
-            self._evaluate()
+            try:
+                allowed = self.sampling_allowed()
+                with tr.span("gather" if allowed else "backpressure", "wait") if self.distributed else nullcontext():
+                    self._count_fragments(self.roles.gather(allowed))
+                budget = self.update_budget()
+                if budget > 0 and held is not None:  # released: the span ends before the updates it allows
+                    tr.end(held)
+                    held = None
+                for stats in self.roles.train(budget):
+                    self._count_training(stats)
+                learner_held = budget <= 0 and self.roles.updates_in_flight() == 0
+                if learner_held and not self.on_policy and held is None:
+                    # Its own track: the hold outlasts the gathers and logs the driver thread does meanwhile.
+                    held = tr.begin("learner_held", "wait", track="rate limiter")
+                self._tick(workers_held=not allowed, learner_held=learner_held)
+                self._evaluate()
+            except Stopping:  # the stop came while a role was waited on: the pass ends there
+                self._count_results(self.roles.poll_eval())
             reason = self._stop_reason()
             if self._log_due() or reason:
                 with tr.span("log", "driver"):
                     self._log_row()
             if not reason and time.time() - self.last_checkpoint >= self.cfg.checkpoint.interval_s:
-                self._checkpoint()
+                try:
+                    self._checkpoint()
+                except Stopping:  # cut short by the stop (nothing of it is left): the wind-down takes one
+                    reason = self._stop_reason()
         tr.end(held)
         return reason
 
@@ -199,14 +204,7 @@ class Driver:
         return time.time() - self.last_log >= self.cfg.log.interval_s
 
     def _evaluate(self, block: bool = False) -> None:
-        for result in self.roles.poll_eval(block=block, timeout=60.0):
-            self.logger.eval_result(result)  # an evaluation's video (eval.video_every_s), taken out
-            self._keep_if_best(result)
-            self.c.eval_last = result
-            self.c.evaluations += 1
-            self.c.best_eval = max(self.c.best_eval, result["return_mean"])
-            if result["solved"] and self.c.solved_at is None:
-                self.c.solved_at = result["time_s"]
+        self._count_results(self.roles.poll_eval(block=block, timeout=60.0))
         every = self.cfg.eval.interval_steps
         if every:
             # Deterministic: score the weights at fixed env-step marks and wait for the result.
@@ -220,6 +218,16 @@ class Driver:
             if self.roles.submit_eval(self.c.env_steps):
                 self.last_eval_submit = now
 
+    def _count_results(self, results: list[dict]) -> None:
+        for result in results:
+            self.logger.eval_result(result)  # an evaluation's video (eval.video_every_s), taken out
+            self._keep_if_best(result)
+            self.c.eval_last = result
+            self.c.evaluations += 1
+            self.c.best_eval = max(self.c.best_eval, result["return_mean"])
+            if result["solved"] and self.c.solved_at is None:
+                self.c.solved_at, self.solved_seen_at = result["time_s"], time.time()
+
     def _keep_if_best(self, result: dict) -> None:
         """The run's best checkpoint, written here only: it only improves, whichever evaluator process
         scored it and on whichever node."""
@@ -227,6 +235,21 @@ class Driver:
         if weights is not None and rank(result) > self.best_rank:
             self.best_rank = rank(result)
             save_best(self.run_dir, weights, result)
+
+    def request_stop(self, reason: str) -> None:
+        """A stop from outside the loop (a signal): the run winds down, timed from this moment."""
+        if not self.stop_requested:
+            self.stop_requested, self.stop_requested_at = reason, time.time()
+
+    def _stop_due(self) -> bool:
+        """The run's budget is spent or a stop was asked for: what the roles' waits look at every second."""
+        return bool(self.stop_requested) or time.time() - self.start >= self.cfg.stop.max_seconds
+
+    def _stop_moment(self, reason: str) -> float:
+        """When the run stopped: its budget's end, the signal, the solving evaluation; else now."""
+        at = {"max_seconds": self.start + self.cfg.stop.max_seconds, "interrupted": self.stop_requested_at,
+              "solved": self.solved_seen_at}.get(reason)
+        return min(at or time.time(), time.time())
 
     def _stop_reason(self) -> str | None:
         fault = self.cfg.fault
@@ -266,7 +289,6 @@ class Driver:
         c.lags, c.ready, c.late, c.learner_scalars = [], [], [], {}
         c.loss_sum, c.loss_n = 0.0, 0
         self.last_log, self.last_log_steps, self.last_log_updates = now, c.env_steps, c.updates
-        self.blocked_at_log = (c.workers_blocked_s, c.learner_blocked_s)
 
     def _catch_up(self) -> None:
         """At an env-step stop, let the learner finish the updates this data is owed,
@@ -280,39 +302,7 @@ class Driver:
             time.sleep(0.002)
 
     def _finish(self, reason: str) -> dict:
-        """Wind down and write what the run leaves: a last log row, a checkpoint, the trace, summary.json.
-
-        After a fault each step is attempted and may fail on its own; after a second interrupt only
-        what takes no waiting is done, and the checkpoint only if it is written within seconds.
-        """
-        healthy = reason not in ("role_failure", "error") and not self.abort
-        try:
-            if healthy:
-                if reason == "max_env_steps":
-                    self._attempt(self._catch_up)
-                self._attempt(lambda: [self._count_training(s) for s in self.roles.train(0, final=True)])
-                if reason != "solved":  # a last score for runs that stopped early, so best_eval_return means something
-                    self._attempt(self._last_evaluation)
-        except KeyboardInterrupt:  # a second interrupt while winding down: skip the waiting
-            self.abort, healthy = True, False
-            self.failure = "stopped at once by a second interrupt"
-        restarts = self.roles.restarts()
-        try:
-            restarts = self._attempt(lambda: self.roles.restarts(exact=healthy)) or restarts
-            note_restarts(self.c, restarts)
-            self._log_row()
-            # A resumable run, whatever stopped it; after a fault within a bound, after a second interrupt at once.
-            self._attempt(lambda: self._checkpoint(attempts=2), within_s=5.0 if self.abort else None if healthy else 30.0)
-            self.interruptible = False
-        except KeyboardInterrupt:  # a second interrupt during the last checkpoint: the summary still says so
-            self.interruptible = False
-            self.abort, self.failure = True, "stopped at once by a second interrupt"
-        summary = run_summary(self, reason, restarts, self._replay_bytes() if healthy and not self.abort else None)
-        if not self.abort:
-            self._attempt(self._write_trace)
-        save_json(os.path.join(self.run_dir, "summary.json"), summary)
-        self.logger.close(summary)  # the trackers get the summary and the best checkpoint
-        return summary
+        return finish(self, reason)
 
     def _replay_bytes(self) -> float | None:
         try:
@@ -320,13 +310,9 @@ class Driver:
         except Exception:  # noqa: BLE001 - a figure for the summary is no reason to fail a finished run
             return None
 
-    def _last_evaluation(self) -> None:
-        if not self.roles.eval_busy() and self.c.updates > 0:
-            self.roles.submit_eval(self.c.env_steps, wait=True)
-        self._evaluate(block=True)
-
-    def _attempt(self, step, within_s: float | None = None):
-        """Run one wind-down step; a failure is recorded, not raised (the summary must still be written)."""
+    def _attempt(self, step, within_s: float | None = None, raise_stop: bool = False):
+        """Run one wind-down step; a failure is recorded, not raised (the summary must still be written);
+        `raise_stop`: a step cut short (`Stopping`) is raised, for the wind-down to say it was skipped."""
         if within_s is not None:
             thread = threading.Thread(target=self._attempt, args=(step,), daemon=True)
             thread.start()
@@ -334,6 +320,10 @@ class Driver:
             return None
         try:
             return step()
+        except Stopping:
+            if raise_stop:
+                raise
+            return None
         except Exception as e:  # noqa: BLE001 - a fault mid-way through the wind-down
             self.failure = self.failure or f"stopped: {one_line(e)}"
             return None

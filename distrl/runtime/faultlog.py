@@ -12,13 +12,7 @@ import threading
 import time
 
 FAULTS_LOG = "faults.log"
-START_FLOOR_S = 60.0  # a role's start (or restart) imports torch: on a loaded machine that takes tens of seconds
-
-
-def start_budget(role_timeout_s: float) -> float:
-    """How long a role may take to start or come back: fault.role_timeout_s, and never under a minute (a hang
-    is judged on fault.role_timeout_s alone)."""
-    return max(role_timeout_s, START_FLOOR_S)
+SILENT_S = 1.5  # at a run's stop, a process whose heartbeat is this late is not waited for (it is ended)
 
 
 class FaultLog:

@@ -1,9 +1,10 @@
 """How the driver takes fragments from Ray workers: all of them (`sync`) or what is ready (`async`).
 
-Neither waits on a worker for longer than a second at a time: between waits the pool checks its
-workers' health (`WorkerPool.check`), so a hung worker is ended while the driver waits for it. A call
-that outlives `limit_s` (fault.worker_timeout_s plus fault.role_timeout_s: a worker may wait that long
-on a hung role it calls) counts as failed.
+Neither waits on a worker for longer than a second at a time: between waits the driver looks at its roles
+(`WorkerPool.check`: restarted workers back); a hung worker is ended by the heartbeats' thread meanwhile,
+and its call fails. A call that outlives `limit_s` (fault.worker_timeout_s, plus fault.role_timeout_s and
+fault.start_timeout_s: a worker may wait that long on a role it calls being found hung and restarted) counts
+as failed.
 """
 from __future__ import annotations
 

@@ -19,11 +19,11 @@ from distrl.acting import EnvStates, Inference, rows_of
 from distrl.config import from_dict
 from distrl.observe.trace import tracer
 from distrl.roles.factory import trace_settings
-from distrl.runtime.actor_base import Traced, peer, start_tracing
+from distrl.runtime.actor_base import Traced, peer, role_actor, start_tracing
 from distrl.runtime.ray_setup import ACTOR_GONE
 
 
-@ray.remote(num_cpus=0, enable_task_events=False)
+@role_actor(num_cpus=0)
 class InferenceServer(Traced):
     """Runs the workers' network for all of them (`distrl.roles.inference`); pulls the newest weights
     from the parameter server when a worker starts a fragment. An async actor: requests wait for
@@ -91,9 +91,6 @@ class InferenceServer(Traced):
 
     async def stats(self) -> dict:
         return {"batches": self.batcher.batches, "requests": self.batcher.requests}
-
-    def pid(self) -> int:
-        return os.getpid()
 
 
 class RemoteInference(Inference):

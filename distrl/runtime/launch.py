@@ -176,7 +176,7 @@ def _drive(driver: Driver, roles: Roles) -> dict:
             if driver.interruptible:
                 raise KeyboardInterrupt
             return
-        driver.stop_requested = "interrupted"  # the first: finish cleanly, checkpoint and summary written
+        driver.request_stop("interrupted")  # the first: finish cleanly, checkpoint and summary written
 
     main_thread = threading.current_thread() is threading.main_thread()
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)} if main_thread else {}

@@ -30,6 +30,7 @@ class LocalRoles(Roles):
         self.lost: RoleLost | None = None  # the evaluator could not come back
         # First: overlaps its start-up.
         self.evaluator = LocalEvaluator(cfg, start_time, eval_resume, FaultLog(run_dir, start_time))
+        self.evaluator.stop_due = lambda: self.stop_due()  # the driver sets `stop_due` later
         algo = make_algorithm(cfg)
         learner = algo.make_learner(resolve_device(cfg.device))
         if cfg.learner.cuda_graph:
@@ -94,6 +95,11 @@ class LocalRoles(Roles):
 
     def eval_busy(self) -> bool:
         return self.evaluator.busy
+
+    def wind_down(self, deadline: float) -> list[str]:
+        """The run has stopped: no wait lasts past `deadline`, nothing is restarted; a process silent now is
+        ended (the first time): which ones. This process's roles are the driver's own: only the evaluator."""
+        return self.evaluator.wind_down(deadline)
 
     def restarts(self, exact: bool = False) -> Restarts:
         """The evaluator's restarts (this process's roles do not restart: they are the driver). Looks at the

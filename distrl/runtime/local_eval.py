@@ -9,7 +9,9 @@ stopped process, or a read of a result it was killed half-way through writing, b
 thread, and ends with the process). The process beats a heartbeat from a thread of its own, so an
 evaluation of any length never looks hung; one that is dead, or silent for `fault.role_timeout_s`
 (stopped, deadlocked), is ended and started again with the run's evaluations and best so far, and
-counted as an evaluator restart. The next evaluation it gets carries the newest weights.
+counted as an evaluator restart. The next evaluation it gets carries the newest weights. Once the run has
+stopped (`wind_down`) no wait on it lasts past the wind-down's deadline, and a silent one is ended, not
+restarted.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from distrl.core import RoleLost
 from distrl.observe.trace import configure, tracer
 from distrl.roles.evaluation import LOWEST, make_evaluation, rank
 from distrl.roles.factory import trace_settings
-from distrl.runtime.faultlog import FaultLog, exit_cause, start_budget
+from distrl.runtime.faultlog import SILENT_S, FaultLog, exit_cause
 
 PROCESS_NAME = "distrl-eval"  # its /proc comm: `pgrep -x distrl-eval` finds it
 BEAT_S = 0.25
@@ -167,6 +169,9 @@ class LocalEvaluator:
     def __init__(self, cfg: Config, start_time: float, resume: dict | None, faults: FaultLog):
         self.cfg_dict, self.start_time, self.faults = to_dict(cfg), start_time, faults
         self.timeout_s, self.max_restarts = cfg.fault.role_timeout_s, cfg.fault.max_role_restarts
+        self.start_s = cfg.fault.start_timeout_s
+        self.stop_due = lambda: False  # the run's stop has come: a blocking wait for a result ends
+        self.deadline: float | None = None  # once the run has stopped: no wait lasts past it
         self.progress = {"evaluations": 0, "best": LOWEST, **(resume or {})}
         self.restarts = 0
         self.down: tuple[str, float] | None = None  # (cause, since) while a restarted process is not ready
@@ -174,27 +179,45 @@ class LocalEvaluator:
         self.results: list[dict] = []  # arrived, not yet polled
         self.proc = EvaluatorProcess(self.cfg_dict, start_time, dict(self.progress))
         self.ready = self.busy = self.gone = False  # gone: found dead at the run's end, not restarted
+        # The heartbeat is judged on a thread of its own, whatever the driver's thread is doing (a long
+        # learner call, a checkpoint); the lock keeps a process from being ended and replaced at once.
+        self.lock, self.hung, self.closed = threading.RLock(), None, threading.Event()
+        threading.Thread(target=self._watch, name="distrl-eval-heartbeat", daemon=True).start()
+
+    def _watch(self) -> None:
+        """End the process once its heartbeat has been silent for `fault.role_timeout_s` (not once the run has
+        stopped: then it is ended at the stop if silent, and waited for no longer than the wind-down)."""
+        while not self.closed.wait(0.25):
+            with self.lock:
+                p = self.proc
+                if self.gone or self.deadline is not None or self.hung or not p.beating() or not p.alive():
+                    continue
+                if p.silent_s() > self.timeout_s:
+                    self.hung = (f"hung (no sign of life for {self.timeout_s:g} s), ended", time.time())
+                    os.kill(p.proc.pid, signal.SIGKILL)
 
     def check(self, restart: bool = True) -> None:
         """Read what arrived; a dead or silent process is ended and (with `restart`) started again."""
         if self.gone:
             return
         self._pump()
-        p = self.proc
-        if p.alive():
-            if p.silent_s() <= (self.timeout_s if p.beating() else start_budget(self.timeout_s)):
-                return
-            if not p.beating():  # never started: Ray roles that do not start or come back end the run too
-                raise RoleLost(f"the evaluator did not {'come back' if self.down else 'start'} within "
-                               f"{start_budget(self.timeout_s):g} s")
-            cause = f"hung (no sign of life for {self.timeout_s:g} s), ended"
+        restart = restart and self.deadline is None  # once the run has stopped, nothing restarts
+        with self.lock:
+            p, since = self.proc, time.time()
+            if p.alive():
+                if p.silent_s() <= (self.timeout_s if p.beating() else self.start_s):
+                    return
+                if not p.beating():  # never started: Ray roles that do not start or come back end the run too
+                    raise RoleLost(f"the evaluator did not {'come back' if self.down else 'start'} within "
+                                   f"{self.start_s:g} s")
+                cause = f"hung (no sign of life for {self.timeout_s:g} s), ended"
+            else:
+                cause, since = self.hung or (f"died ({exit_cause(p.proc.exitcode)})", since)
             p.end()
-        else:
-            cause = f"died ({exit_cause(p.proc.exitcode)})"
-            p.end()
-        self._restarted(cause, restart)
+            self.hung = None
+            self._restarted(cause, restart, since)
 
-    def _restarted(self, cause: str, restart: bool) -> None:
+    def _restarted(self, cause: str, restart: bool, since: float) -> None:
         self.restarts += 1  # counted when it is found dead, whatever happens next
         self.ready = self.busy = False
         if self.restarts > self.max_restarts:
@@ -203,7 +226,7 @@ class LocalEvaluator:
             self.faults.event(f"evaluator {cause}")
             self.gone = True
             return
-        self.down = (cause, time.time())
+        self.down = (cause, since)
         self.proc = EvaluatorProcess(self.cfg_dict, self.start_time, dict(self.progress))
 
     def _pump(self, timeout: float = 0.0) -> None:
@@ -230,16 +253,17 @@ class LocalEvaluator:
             timeout = 0.0
 
     def _wait(self, seconds: float, done) -> None:
-        """Until `done()` or `seconds` have passed, watching the process meanwhile."""
-        deadline = time.time() + seconds
+        """Until `done()` or `seconds` have passed (or the run's stop, or its wind-down's deadline), watching the
+        process meanwhile."""
+        deadline = min(time.time() + seconds, self.deadline or 1e18)
         self.check()
-        while not done() and time.time() < deadline:
+        while not done() and not self.gone and time.time() < deadline and (self.deadline is not None or not self.stop_due()):
             self._pump(min(0.2, max(0.0, deadline - time.time())))
             self.check()
 
     def idle(self, wait: bool = False) -> bool:
         """Ready for a job (`wait`: until it is, at most as long as it may take to start)."""
-        self._wait(start_budget(self.timeout_s) if wait else 0.0, lambda: self.ready and not self.busy)
+        self._wait(self.start_s if wait else 0.0, lambda: self.ready and not self.busy)
         return self.ready and not self.busy
 
     def submit(self, weights, version: int, env_steps: int) -> None:
@@ -264,5 +288,22 @@ class LocalEvaluator:
         self._wait(self.timeout_s, lambda: bool(self.traces))
         return self.traces.pop() if self.traces else None
 
+    def wind_down(self, deadline: float) -> list[str]:
+        """The run has stopped: no wait lasts past `deadline` from now on; a process silent now (hung, or
+        still starting after a restart) is ended and not restarted: ["evaluator"], else []."""
+        self.deadline = deadline
+        self.check(restart=False)  # a death or hang found by now is counted (and not restarted)
+        with self.lock:
+            p = self.proc
+            if self.gone or (p.alive() and self.ready and p.silent_s() <= SILENT_S):
+                return []
+            p.end()
+            self.gone = True
+        return ["evaluator"]
+
     def close(self) -> None:
-        self.proc.end(grace_s=5.0)
+        """Asked to end when it is idle and beating, else ended at once."""
+        self.closed.set()
+        with self.lock:
+            idle = not self.gone and self.ready and not self.busy and self.proc.silent_s() <= SILENT_S
+            self.proc.end(grace_s=2.0 if idle else 0.0)

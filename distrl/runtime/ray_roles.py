@@ -3,9 +3,11 @@
 The two modes differ only in their gather strategy (`SyncGather`, `AsyncGather`):
 which fragments the driver takes each iteration and whether it waits for the
 learner. Every role may die or hang: Ray restarts a dead one, a hung one is ended
-first (`RoleWatch`), each restart is counted when Ray reports the death
-(`ActorTable`), and the recovery is the role's own (see `_recover`). No wait on a
-role is longer than a second without the driver looking at every role's health.
+first (`Heartbeats`, on a thread of its own), each restart is counted when Ray
+reports the death (`ActorTable`), and the recovery is the role's own (see
+`_recover`). No wait on a role is longer than a second without the driver looking
+at the roles and at the run's stop; once the run has stopped, none lasts past the
+wind-down's deadline (`wind_down`).
 """
 from __future__ import annotations
 
@@ -13,14 +15,12 @@ import time
 import uuid
 
 import ray
-from ray.exceptions import GetTimeoutError, RayTaskError
+from ray.exceptions import RayTaskError
 from ray.util.placement_group import remove_placement_group
 
 from distrl.config import Config
-from distrl.core import Gathered, Restarts, RoleLost, RoleRestarted, Roles, RunState, TrainStats
+from distrl.core import Gathered, Restarts, RoleLost, RoleRestarted, Roles, RunState, Stopping, TrainStats
 from distrl.envs.normalize import merged
-from distrl.observe.trace import TraceStore, tracer
-from distrl.roles.evaluation import LOWEST, rank
 from distrl.roles.experience import newest_store, write_store
 from distrl.roles.factory import trace_settings
 from distrl.runtime.actor_base import start_tracing
@@ -29,6 +29,9 @@ from distrl.runtime.deaths import ActorTable, keep_ray_text_off_the_console
 from distrl.runtime.faultlog import FaultLog
 from distrl.runtime.ray_start import start_roles
 from distrl.runtime.ray_setup import ACTOR_GONE, init_ray, user_modules
+from distrl.runtime.ray_eval import EvalCalls
+from distrl.runtime.ray_traces import ActorTraces
+from distrl.runtime.watch import end_silent
 
 SLICE_S = 1.0  # longest wait on a role before the driver looks at every role's health again
 
@@ -47,22 +50,26 @@ class RayRoles(Roles):
         self.replay_refilled = 0  # items restarted replay servers got back from checkpoints
         self.learner_state = None  # what a restarted learner is restored to (set once the roles are up)
         self.restarts_before = Restarts()  # a resumed run's, from its checkpoint
-        self.eval_progress = {"evaluations": 0, "best": LOWEST, **(eval_resume or {})}  # for a restarted evaluator
+        self.evals = EvalCalls(eval_resume)  # the evaluation in flight, and the run's so far
         self.ticking = False
+        self.wind_down_by: float | None = None  # set once the run has stopped: no wait lasts past it
+        self.unrecovered: set[str] = set()  # roles back as a new process, not yet put back in the run
         self.train_calls: dict = {}  # in-flight learner call -> updates asked
         self.rewound: list[TrainStats] = []  # learner restores to report with the next train()
         self.statistics: list = []  # env.normalize statistics of fragments gathered, for the next learner call
-        self.eval_ref = None
-        self.trace_kept, self.trace_pulls = TraceStore(), []  # rings pulled at checkpoints, and pulls in flight
+        self.trace = ActorTraces()  # what the actors recorded, pulled at checkpoints
         self.timings = {"env_s": 0.0, "inference_s": 0.0, "pull_s": 0.0, "learner_s": 0.0, "learner_wait_s": 0.0}
         self.faults = FaultLog(run_dir, start_time)
         keep_ray_text_off_the_console(self.faults)
         self.table = ActorTable(self.faults)
+        self.beats = None  # every process's heartbeat, on a thread of its own once the roles are up
         try:
             start_roles(self, cfg, start_time, address, eval_resume, f"distrl-{uuid.uuid4().hex[:10]}")
+            self.watch.interrupt = self._check_stop
             self._get(self.learner.publish.remote(), "learner")  # version 0 exists before any worker acts
             # What a restarted learner is restored to: the newest checkpoint's state, or this one before it.
             self.learner_state = self._get(self.learner.get_state.remote(), "learner")
+            self.beats.start()
         except BaseException:  # nothing of a run that failed to start stays on the cluster
             self.close()
             raise
@@ -95,9 +102,16 @@ class RayRoles(Roles):
         return Gathered(infos, ready=ready, late=late, failed=failed)
 
     def _tick(self) -> None:
-        """Look at every role's health: hung ones are ended (Ray restarts them), restarted ones put back in
-        the run. Not from inside a recovery (its own waits only wait)."""
+        """Look at every role: restarted ones are put back in the run (hung ones are ended meanwhile by the
+        heartbeats' thread, and Ray restarts them); `Stopping` once the run's stop has come. Not from inside a
+        recovery (its own waits only wait: a recovery is quick, and a checkpoint must never see a role half
+        put back)."""
         if self.ticking:
+            return
+        if self.wind_down_by is None:
+            self.evals.take()
+        self._check_stop()
+        if self.wind_down_by is not None:  # the run has stopped: nothing is ended, restarted or put back now
             return
         self.ticking = True
         try:
@@ -111,20 +125,29 @@ class RayRoles(Roles):
         finally:
             self.ticking = False
 
+    def _check_stop(self) -> None:
+        """`Stopping` once the run's stop has come (a solving evaluation's result in too), and once it has
+        stopped, when the wind-down's time is up. A recovery under way is not cut short by the stop."""
+        if self.wind_down_by is not None:
+            if time.time() >= self.wind_down_by:
+                raise Stopping("not done within the run's wind-down")
+        elif not self.ticking and (self.stop_due() or self.evals.solved()):
+            raise Stopping("the run's stop came")
+
+    def _slice(self) -> float:
+        """How long one wait may last before the next look: a second, less near the wind-down's deadline."""
+        return SLICE_S if self.wind_down_by is None else max(0.01, min(SLICE_S, self.wind_down_by - time.time()))
+
     def _get(self, refs, role: str | None = None):
-        """ray.get that never hangs a run: it waits a second at a time, looking at every role's health in
+        """ray.get that never hangs a run: it waits a second at a time, looking at every role's heartbeat in
         between, so a hung role the call waits on is ended and restarted meanwhile. A role that died under
         the call (or was ended) is waited for and put back in the run, and the call raises `RoleRestarted`
-        (its result is lost). A call still unanswered after three times fault.role_timeout_s while every
-        role answers its health check is `RoleLost`."""
-        timeout_s = self.cfg.fault.role_timeout_s
-        waiting, start = list(refs) if isinstance(refs, list) else [refs], time.time()
+        (its result is lost). A call to a role that keeps its heartbeat is waited for however long it takes,
+        until the run's stop (`Stopping`); once the run has stopped, a death under it is `Stopping` too."""
+        waiting = list(refs) if isinstance(refs, list) else [refs]
         try:
             while waiting:
-                _, waiting = ray.wait(waiting, num_returns=len(waiting), timeout=SLICE_S)
-                if waiting and time.time() - start > 3 * timeout_s:
-                    whose = f"the {role.replace('_', ' ')}" if role else "a role"
-                    raise RoleLost(f"a call to {whose} took longer than 3 x {timeout_s:g} s (fault.role_timeout_s)")
+                _, waiting = ray.wait(waiting, num_returns=len(waiting), timeout=self._slice())
                 if waiting:
                     self._tick()
             return ray.get(refs)
@@ -132,6 +155,8 @@ class RayRoles(Roles):
             name = self._died(e)
             if name is None:  # not a death: a fault of the code the call ran
                 raise
+            if self.wind_down_by is not None:
+                raise Stopping(f"the {name.replace('_', ' ')} is gone") from None
             self._bring_back(name)
             raise RoleRestarted(f"the {name.replace('_', ' ')} died during a call") from None
 
@@ -148,17 +173,19 @@ class RayRoles(Roles):
         if name.startswith("gradient_worker"):  # the learner retried its shard on a restart: it is gone for good
             raise RoleLost(f"{name.replace('_', ' ')} died and did not come back")
         for role in (self.watch.actors if name == "unknown" else [name]):
+            self.unrecovered.add(role)  # until put back (the run's stop may cut the wait short)
             if self.watch.wait_for(role):
                 self._recover(role)
+            self.unrecovered.discard(role)
 
     # --- learner ------------------------------------------------------------------
     def train(self, budget: int, final: bool = False) -> list[TrainStats]:
         """Async keeps two calls queued at the learner so it never waits on the driver;
         sync waits for each call (the next round must see the new weights)."""
         done, self.rewound = self.rewound, []
-        if self.train_calls:
-            ready, _ = ray.wait(list(self.train_calls), num_returns=len(self.train_calls),
-                                timeout=self.cfg.fault.role_timeout_s if final else 0)
+        if self.train_calls:  # `final`: waited for until the wind-down's deadline
+            wait_s = max(0.0, (self.wind_down_by or time.time()) - time.time()) if final else 0
+            ready, _ = ray.wait(list(self.train_calls), num_returns=len(self.train_calls), timeout=wait_s)
             done.extend(s for ref in ready for s in self._train_result(ref))
         max_queued = 1 if self.pool.gatherer.waits_for_learner else 2
         while not final and budget > 0 and len(self.train_calls) < max_queued:
@@ -191,7 +218,13 @@ class RayRoles(Roles):
             return done
 
     def _recover(self, name: str) -> None:
-        """A role came back as a new process: put it back in the run."""
+        """A role came back as a new process: put it back in the run (it stays in `unrecovered` if this is cut
+        short)."""
+        self.unrecovered.add(name)
+        self._put_back(name)
+        self.unrecovered.discard(name)
+
+    def _put_back(self, name: str) -> None:
         if name == "learner" and self.learner_state is not None:
             # Its in-flight calls died with it; its state goes back to the newest checkpoint's, and its
             # weights replace those of the updates that were lost.
@@ -207,7 +240,7 @@ class RayRoles(Roles):
             self.replay_refilled += self._get(self.replay.refill.remote(
                 self.run_dir if on_this_node else None, None if on_this_node else newest_store(self.run_dir)), "replay")
         elif name == "evaluator":  # the run's evaluations and best so far, as a single-mode evaluator restarts with
-            self.evaluator.resume.remote(**self.eval_progress)
+            self.evaluator.resume.remote(**self.evals.progress)
         # The inference server pulls the weights before it answers; workers give it their envs' recurrent
         # states back (`RemoteInference`). A gradient worker needs nothing.
 
@@ -217,11 +250,14 @@ class RayRoles(Roles):
     # --- checkpoints ----------------------------------------------------------------
     def get_state(self) -> RunState:
         """Everything a checkpoint needs from the actors (waits for in-flight calls to finish)."""
-        self._pull_traces()
+        if self.cfg.log.trace:
+            self.trace.pull(self.actors())
+        if {"learner", "replay"} & self.unrecovered:
+            raise Stopping(f"the {' and '.join(sorted(self.unrecovered))} came back at the stop, not yet restored")
         learner = self.learner.get_state.remote()
         workers = [w.get_state.remote() for w in self.workers]
-        for name in ("replay", "parameter_server"):  # a restart since the last look: counted and handled
-            if self.watch.wait_for(name):
+        for name in ("replay", "parameter_server") if self.wind_down_by is None else ():
+            if self.watch.wait_for(name):  # a restart since the last look: counted and handled
                 self._recover(name)
         state = {"learner": self._get(learner, "learner"), "store": self._store_writer(),
                  "workers": self._get_workers(workers)}
@@ -230,11 +266,12 @@ class RayRoles(Roles):
         return state
 
     def _get_workers(self, refs: list) -> list[dict]:
-        """Each worker's state; a worker that is down or hangs has none (it restarts from a fresh state)."""
-        waiting, deadline = list(refs), time.time() + self.cfg.fault.worker_timeout_s
+        """Each worker's state; a worker that is down or hangs, or that has not answered by the wind-down's
+        deadline, has none (it restarts from a fresh state)."""
+        waiting, deadline = list(refs), min(time.time() + self.cfg.fault.worker_timeout_s, self.wind_down_by or 1e18)
         while waiting and time.time() < deadline:
-            _, waiting = ray.wait(waiting, num_returns=len(waiting), timeout=SLICE_S)
-            if waiting:
+            _, waiting = ray.wait(waiting, num_returns=len(waiting), timeout=max(0.01, min(SLICE_S, deadline - time.time())))
+            if waiting and self.wind_down_by is None:
                 self._tick()  # a hung worker is ended: its call fails
         out = []
         for ref in refs:
@@ -270,42 +307,42 @@ class RayRoles(Roles):
 
     # --- evaluator ------------------------------------------------------------------
     def submit_eval(self, env_steps: int, wait: bool = False) -> bool:
-        if self.eval_ref is not None:
-            return False
-        self.eval_ref = self.evaluator.evaluate.remote(env_steps)
-        return True
+        return self.evals.submit(self.evaluator, env_steps)
 
     def poll_eval(self, block: bool = False, timeout: float | None = None) -> list[dict]:
         deadline = time.time() + ((1e9 if timeout is None else timeout) if block else 0.0)
-        ready = []
-        while self.eval_ref is not None and not ready:
-            ready, _ = ray.wait([self.eval_ref], timeout=max(0.0, min(SLICE_S, deadline - time.time())))
+        while self.evals.ref is not None:
+            ready, _ = ray.wait([self.evals.ref], timeout=max(0.0, min(self._slice(), deadline - time.time())))
             if ready or time.time() >= deadline:
                 break
             self._tick()  # a hung evaluator is ended meanwhile: its call fails
-        if not ready:
-            return []
-        ref, self.eval_ref = self.eval_ref, None
-        try:
-            _, result = ray.get(ref)
-        except (*ACTOR_GONE, RayTaskError):
-            return []  # it died in the call: the watch puts it back
-        if result is None:
-            return []
-        self.eval_progress["evaluations"] += 1
-        self.eval_progress["best"] = max(tuple(self.eval_progress["best"]), rank(result))
-        return [result]
+        self.evals.take()
+        return self.evals.drain()
 
     def eval_busy(self) -> bool:
-        return self.eval_ref is not None
+        return self.evals.ref is not None
 
     # --- the rest of the contract -----------------------------------------------------
+    def wind_down(self, deadline: float) -> list[str]:
+        """From now on no wait lasts past `deadline`; the first time, the processes that do not answer a
+        heartbeat within a moment (hung, coming back, or back and not yet put back in the run) are ended with
+        no restart, and their calls fail at once."""
+        first, self.wind_down_by = self.wind_down_by is None, deadline
+        if not first:
+            return []
+        self.beats.close()  # nothing is ended as hung, or restarted, from now on
+        return end_silent(self.watch, self.pool, self.unrecovered)
+
     def restarts(self, exact: bool = False) -> Restarts:
         """Every role's restarts as Ray counted them (`exact`: a process killed just now is counted too)."""
         if exact:
-            self._tick()
-            self.table.settle(min(5.0, self.cfg.fault.role_timeout_s))
-            self.pool.settle(min(5.0, self.cfg.fault.role_timeout_s))
+            wait_s = min(5.0, self.cfg.fault.role_timeout_s)
+            if self.wind_down_by is None:
+                self._tick()
+            else:
+                wait_s = max(0.0, min(wait_s, self.wind_down_by - time.time()))
+            self.table.settle(wait_s)
+            self.pool.settle(wait_s)
         self.table.poll()
         t, pids = self.table, self.watch.new_processes
         count = (lambda role: t.restarts(role)) if t.readable else (
@@ -319,33 +356,10 @@ class RayRoles(Roles):
     def time_breakdown(self) -> dict[str, float]:
         return dict(self.timings)
 
-    def _pull_traces(self) -> None:
-        """At a checkpoint, move what the actors recorded so far to the driver, so that an actor that dies
-        takes with it only the events since. Not waited for: an actor busy in a call answers after it,
-        and its answer is kept at the next checkpoint or at the end."""
-        if not self.cfg.log.trace:
-            return
-        ready, self.trace_pulls = ray.wait(self.trace_pulls, num_returns=len(self.trace_pulls), timeout=0) \
-            if self.trace_pulls else ([], [])
-        self._keep_traces(ready, deadline=0.0)
-        self.trace_pulls += [a.drain_trace.remote() for a in self.actors()]
-
-    def _keep_traces(self, refs: list, deadline: float) -> None:
-        for ref in refs:
-            try:
-                self.trace_kept.add(ray.get(ref, timeout=max(0.0, deadline - time.time())))
-            except (*ACTOR_GONE, RayTaskError, GetTimeoutError):
-                pass  # it died before it answered (its events since the last pull went with it), or hangs
-
     def traces(self) -> list[dict]:
-        """Every actor's recorded events (one that died keeps those pulled at checkpoints before its death)
-        and the driver's own."""
         if not self.cfg.log.trace:
             return []
-        refs, self.trace_pulls = self.trace_pulls + [a.drain_trace.remote() for a in self.actors()], []
-        self._keep_traces(refs, deadline=time.time() + 30)
-        self.trace_kept.add(tracer().drain())
-        return self.trace_kept.drains()
+        return self.trace.drains(self.actors(), deadline=min(time.time() + 30, self.wind_down_by or 1e18))
 
     def _settle_calls(self) -> None:
         """Read the outcome of learner calls still in flight (a run that ended on a fault), waiting a moment,
@@ -364,6 +378,8 @@ class RayRoles(Roles):
         return [*self.workers, *(a for a in roles if a is not None), *self.gradient_workers, *self.inference]
 
     def close(self) -> None:
+        if self.beats is not None:
+            self.beats.close()
         self._settle_calls()
         self.table.close()
         for actor in self.actors():

@@ -17,6 +17,7 @@ from distrl.runtime.inference import InferenceServer
 from distrl.runtime.pacing import experience_spec
 from distrl.runtime.ray_setup import (Roster, actor_options, heap_runtime_env, in_bundle, next_to, pack_group, roster,
                                      spread_group)
+from distrl.runtime.heartbeat import Heartbeats
 from distrl.runtime.watch import RoleWatch
 from distrl.runtime.workers import WorkerPool
 
@@ -46,12 +47,12 @@ def start_roles(roles, cfg, start_time: float, address: str | None, eval_resume:
     # enough nodes fit them): their point is more cores for the learner's arithmetic. A gradient call is pure,
     # so Ray may retry it on a restarted worker.
     grads = len(names["grads"])
-    roles.group = spread_group(wanted["gradient_workers"], grads, f.role_timeout_s) if grads else None
+    roles.group = spread_group(wanted["gradient_workers"], grads, f.start_timeout_s) if grads else None
     roles.ps = ParameterServer.options(name=names["ps"], **role, **place["parameter_server"]).remote(
         *restartable(trace_settings(cfg.log)))
     # On a cluster an unplaced replay server goes to the learner's node: batches that cross nodes leave
     # the learner waiting for them (bench/RESULTS.md, paper model).
-    near = next_to(place["learner"], f.role_timeout_s) if address and not cfg.placement.replay else {}
+    near = next_to(place["learner"], f.start_timeout_s) if address and not cfg.placement.replay else {}
     roles.replay = ReplayServer.options(name=names["replay"], **role, **place["replay"], **near,
                                         runtime_env=heap_env).remote(
         *restartable(experience_spec(cfg), trace_settings(cfg.log), d if cfg.data.dataset else None))
@@ -74,7 +75,8 @@ def start_roles(roles, cfg, start_time: float, address: str | None, eval_resume:
     for name, actor in watched.items():
         kind = "gradient_workers" if name.startswith("gradient_worker") else name
         roles.table.track(actor, kind, labels.get(name, name.replace("_", " ")))
-    roles.watch = RoleWatch(watched, roles.table, f.role_timeout_s)
+    roles.beats = Heartbeats(roles.table, f.role_timeout_s)
+    roles.watch = RoleWatch(watched, roles.beats, f.start_timeout_s)
     if address:  # the roles hold their CPUs before workers ask: a worker on the learner's node could take them
         roles._wait_for_roles()
     window_s = None if cfg.mode == "sync" else cfg.async_.window_s
@@ -95,11 +97,11 @@ def _start_workers(roles, plan: Roster, place: dict, d: dict, names: dict, fault
     node loss, and must be removed at the end."""
     n, asks = plan.counts["workers"], plan.resources["workers"]
     # pack needs a group: Ray has no per-actor PACK
-    roles.worker_group = pack_group(asks, n, fault.role_timeout_s) if strategy == "pack" and n else None
+    roles.worker_group = pack_group(asks, n, fault.start_timeout_s) if strategy == "pack" and n else None
     spread = {"scheduling_strategy": "SPREAD"} if strategy == "spread" else {}
     where = [in_bundle(roles.worker_group, i) if roles.worker_group else spread for i in range(n)]
     inference = [names["inference"]] if roles.inference else []
     workers = [RolloutWorker.options(**place["workers"], **where[i], max_restarts=fault.max_worker_restarts + 1,
                                      max_task_retries=0).remote(*restartable(d, i, n, names["ps"], *inference))
                for i in range(n)]
-    roles.pool = WorkerPool(workers, fault, window_s, roles.table)
+    roles.pool = WorkerPool(workers, fault, window_s, roles.beats)

@@ -16,6 +16,7 @@ def metrics_row(d, now: float) -> tuple[dict, dict]:
     """(the metrics.csv row since the last one, the learner's averaged diagnostics) of driver `d`."""
     dt = max(now - d.last_log, 1e-9)
     c, ev = d.c, d.c.eval_last or {}
+    workers_held, learner_held = d.held.shares(now)
     row = {
         "wall_s": round(now - d.start, 3), "env_steps": c.env_steps, "updates": c.updates,
         "episodes": c.episodes,
@@ -31,8 +32,7 @@ def metrics_row(d, now: float) -> tuple[dict, dict]:
         "fragments_dropped": c.fragments_dropped, "worker_restarts": c.worker_restarts,
         "env_errors": c.env_errors, "gradients_dropped": c.dropped, "weight_version": c.version,
         "nonfinite_updates": c.nonfinite_updates,
-        "workers_blocked_frac": round((c.workers_blocked_s - d.blocked_at_log[0]) / dt, 3),
-        "learner_blocked_frac": round((c.learner_blocked_s - d.blocked_at_log[1]) / dt, 3),
+        "workers_blocked_frac": round(workers_held, 3), "learner_blocked_frac": round(learner_held, 3),
     }
     learner = {k: total if k.startswith(NONFINITE) else total / n for k, (total, n) in sorted(c.learner_scalars.items()) if n}
     return row, learner

@@ -1,11 +1,13 @@
 """The rollout-worker actors as one pool: sampling through a gather strategy, their health, their restarts.
 
 A worker's restarts are Ray's count (`ActorTable`): a worker killed at any moment is counted once Ray
-sees it die, even if the run ends before the worker answers again. Each worker also answers a health
-check (`pid`, on a thread of its own): one that leaves it unanswered for `fault.role_timeout_s` while
-ALIVE (stopped, or on a node not yet declared lost) is hung, and is ended so that Ray restarts it. A call
-that fails, or outlives its time, restarts its worker too. A worker that stays unreachable for
-`fault.worker_timeout_s` is lost: it gets no more calls, and is taken back if it ever answers again.
+sees it die, even if the run ends before the worker answers again. Each worker's heartbeat is taken with
+every role's (`Heartbeats`): one silent for `fault.role_timeout_s` while ALIVE (stopped, or on a node not
+yet declared lost) is hung, and is ended so that Ray restarts it; its calls then fail. A call that fails, or
+that delivers nothing for `fault.worker_timeout_s` (plus the time a role it calls takes to be found hung and
+restarted) though its worker beats, restarts its worker too. A
+worker that stays unreachable for `fault.worker_timeout_s` is lost: it gets no more calls, and is taken
+back if it ever answers again.
 """
 from __future__ import annotations
 
@@ -14,26 +16,26 @@ import time
 import ray
 from ray.exceptions import RayTaskError
 
-from distrl.runtime.deaths import ActorTable
 from distrl.runtime.gather import AsyncGather, SyncGather
+from distrl.runtime.heartbeat import Heartbeats
 from distrl.runtime.ray_setup import ACTOR_GONE
 
 
 class WorkerPool:
-    def __init__(self, workers: list, fault, window_s: float | None, table: ActorTable):
+    def __init__(self, workers: list, fault, window_s: float | None, beats: Heartbeats):
         """`fault`: the config's section; `window_s`: async mode's gather window (None: sync mode)."""
-        self.workers, self.table = workers, table
+        self.workers, self.beats, self.table = workers, beats, beats.table
         for i, w in enumerate(workers):
-            table.track(w, "workers", f"worker {i}")
-        self.timeout_s, self.role_timeout_s = fault.worker_timeout_s, fault.role_timeout_s
-        limit_s = self.timeout_s + self.role_timeout_s  # a worker may wait a role's timeout on a hung role
-        self.gatherer = (SyncGather(workers, limit_s) if window_s is None
-                         else AsyncGather(workers, window_s, limit_s))
+            self.table.track(w, "workers", f"worker {i}")
+            beats.watch(f"rollout_worker_{i}", w)
+        self.timeout_s = fault.worker_timeout_s
+        # A call may wait on a role it calls being found hung and restarted before its own fragment's time.
+        limit_s = fault.worker_timeout_s + fault.role_timeout_s + fault.start_timeout_s
+        self.gatherer = (SyncGather(workers, limit_s) if window_s is None else AsyncGather(workers, window_s, limit_s))
         self.pids: dict[int, int] = {}
         self.new_processes = 0  # restarts seen as new pids: the count where Ray's table cannot be read
         self.restarting: dict[int, tuple[ray.ObjectRef, float]] = {}  # index -> (health check, down since)
         self.lost: set[int] = set()
-        self.health: dict[int, tuple[ray.ObjectRef, float]] = {}  # index -> (pid call in flight, sent)
         self.last_check = 0.0
 
     @property
@@ -58,38 +60,16 @@ class WorkerPool:
         return pairs, len(failed), ready, late
 
     def check(self) -> None:
-        """At most every second: take back restarted workers, end hung ones."""
+        """At most every second: take back restarted workers (hung ones are ended by the heartbeats' thread)."""
         if time.time() - self.last_check < 1.0:
             return
         self.last_check = time.time()
         self.table.poll()
         self._check_restarting()
-        self._check_health()
 
     def _down(self, i: int) -> None:
-        self.health.pop(i, None)
         self.gatherer.hold(i)
         self.restarting[i] = (self.workers[i].pid.remote(), time.time())
-
-    def _check_health(self) -> None:
-        now = time.time()
-        refs = {i: ref for i, (ref, _) in self.health.items()}
-        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=0) if refs else ([], [])
-        for i, ref in refs.items():
-            if ref in ready:
-                del self.health[i]
-                try:
-                    self._seen(i, ray.get(ref))
-                except (*ACTOR_GONE, RayTaskError):
-                    pass  # dead: its calls fail, which restarts it
-                continue
-            state, since = self.table.state(self.workers[i]) if self.table.readable else ("ALIVE", 0.0)
-            if state == "ALIVE" and now - max(self.health[i][1], since) > self.role_timeout_s:
-                self.table.end(self.workers[i], f"hung (no answer within {self.role_timeout_s:g} s), ended")
-                self._down(i)
-        for i, w in enumerate(self.workers):
-            if i not in self.health and i not in self.restarting and i not in self.lost:
-                self.health[i] = (w.pid.remote(), now)
 
     def _seen(self, i: int, pid: int) -> None:
         if self.pids.get(i, pid) != pid:
@@ -126,6 +106,13 @@ class WorkerPool:
             ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
         self.last_check = 0.0
         self.check()
+
+    def end_for_good(self, indices: list[int]) -> None:
+        """End these workers' processes with no restart (the run's stop); a lost one stays counted lost."""
+        for i in indices:
+            self.beats.stop_watching(f"rollout_worker_{i}")
+            self.table.end_for_good(self.workers[i])
+            self.restarting.pop(i, None)
 
     def all_lost(self) -> bool:
         return bool(self.workers) and len(self.lost) == len(self.workers)

@@ -9,6 +9,7 @@ import threading
 import time
 
 from distrl import train
+from distrl.config import FaultConfig
 from tests.runtime.processes import (PACED, ended_at, fault_events, new_pids, resume_if_stopped, snapshot,
                                      started_at, stop_as_ctrl_c)
 
@@ -83,8 +84,7 @@ def best_return(run_dir: str) -> float | None:
         return None  # none yet (best.json is written whole, by a rename)
 
 
-HANG_TIMEOUT_S = 10  # fault.role_timeout_s, as in the chaos run: a started role answers its health check in ms
-# (a start, or a restart, has its own budget of at least a minute)
+HANG_TIMEOUT_S = FaultConfig().role_timeout_s  # the default: a started role answers its heartbeat in ms
 
 
 def rows(run_dir: str) -> int:
@@ -158,7 +158,7 @@ def test_replay_server_and_evaluator_deaths_and_a_hung_evaluator_are_survived_an
     try:
         summary = train(CARTPOLE, run_dir=run_dir, start_time=start, overrides=[
             "mode=sync", "workers=2", "stop.max_seconds=240", "eval.target_return=null", "checkpoint.interval_s=2",
-            f"fault.role_timeout_s={HANG_TIMEOUT_S}", "eval.interval_s=0.3", "log.interval_s=0.25",
+            "eval.interval_s=0.3", "log.interval_s=0.25",
             "log.progress=false", "log.tensorboard=false", *PACED])
     finally:
         done.set()
@@ -171,7 +171,7 @@ def test_replay_server_and_evaluator_deaths_and_a_hung_evaluator_are_survived_an
     assert summary["replay_restarts"] == 1 and summary["replay_refilled_items"] > 0, summary
     assert summary["evaluator_restarts"] == 2, summary  # the kill and the hang
     assert summary["updates"] > 0
-    # The hang was ended within fault.role_timeout_s (plus the health check's one-second period), and
+    # The hang was ended within fault.role_timeout_s (plus the heartbeat's one-second period), and
     # evaluations went on after it.
     hung_at = killed["hung Evaluator"][1] - start
     hung = [e for e in fault_events(run_dir) if e[1].startswith("evaluator hung")]
@@ -231,7 +231,7 @@ def test_single_modes_evaluator_killed_is_restarted_and_the_run_still_solves(tmp
     thread.start()
     start = time.time()
     summary = train(CARTPOLE, run_dir=run_dir, start_time=start, overrides=[
-        "mode=single", "stop.max_seconds=150", f"fault.role_timeout_s={HANG_TIMEOUT_S}", "log.progress=false",
+        "mode=single", "stop.max_seconds=150", "log.progress=false",
         "log.tensorboard=false"])
     thread.join(timeout=5)
     assert killed and killed[0][1] < 475, (killed, summary)  # killed before the run could solve

@@ -1,136 +1,243 @@
-"""Hung processes (SIGSTOP: alive, answering nothing) are noticed in every mode: a rollout worker in async
-mode while the others deliver, a gradient worker while the learner waits for its shard, single mode's
-evaluator. Each is ended within fault.role_timeout_s, restarted, counted once, and reported in one console
-line; the run goes on."""
+"""Hangs at the shipped fault defaults, one run per mode. Every role's processes are SIGSTOPped (alive,
+answering nothing) in waves while the run goes on: each is found hung within 15 s (fault.role_timeout_s
+plus the heartbeat's one-second period), ended, restarted and counted once, and the run goes on. Then,
+shortly before the run's budget ends, every role is SIGSTOPped again: the run ends within 10 s of its budget,
+ends those processes rather than waiting for them, and says what it skipped. Nothing written is lost or
+half-written: every checkpoint verifies, metrics.csv's rows are whole (and their blocked shares within
+0-100%), and the restarted replay server was refilled from the newest checkpoint."""
 import csv
 import os
 import signal
 import threading
 import time
 
+from bench.procfs import started_at
 from distrl import train
-from tests.runtime.processes import PACED, new_pids, resume_if_stopped, snapshot, started_at, stop_once_back
+from distrl.checkpoint.layout import TMP_PREFIX
+from distrl.checkpoint.read import read_checkpoint
+from distrl.replay.store import digest
+from tests.runtime.processes import PACED, ended_at, fault_events, new_pids, resume_if_stopped, snapshot
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CARTPOLE = os.path.join(ROOT, "configs", "apex_dqn_cartpole.yaml")
-PPO = os.path.join(ROOT, "configs", "ppo_cartpole.yaml")
-HANG_TIMEOUT_S = 10  # fault.role_timeout_s, as in the chaos run: a started role answers its health check in ms
-# (a start, or a restart, has its own budget of at least a minute)
-QUIET = ["log.progress=false", "log.tensorboard=false", "log.interval_s=0.25", f"fault.role_timeout_s={HANG_TIMEOUT_S}"]
+FOUND_S = 15.0  # a stopped process is ended this soon (fault.role_timeout_s is 5 s; the old default took 120 s)
+ENDED_S = 10.0  # a run has ended this soon after its budget, whatever its roles do
+LEAD_S = 2.5  # the last wave: this long before the budget's end (less than fault.role_timeout_s: not yet hung)
+RUN = ["log.progress=false", "log.tensorboard=false", "log.interval_s=0.5", "checkpoint.interval_s=3",
+       "eval.target_return=null", *PACED]
+# process name -> (the label its fault lines start with, summary.json's restarts key)
+RAY_ROLES = {"RolloutWorker": ("worker ", "worker_restarts"), "Learner": ("learner", "learner_restarts"),
+             "ReplayServer": ("replay server", "replay_restarts"),
+             "ParameterServer": ("parameter server", "parameter_server_restarts"),
+             "Evaluator": ("evaluator", "evaluator_restarts"),
+             "InferenceServer": ("inference server", "inference_restarts"),
+             "GradientWorker": ("gradient worker ", "gradient_worker_restarts")}
+EVALUATOR = {"distrl-eval": ("evaluator", "evaluator_restarts")}
 
 
-class Stopper(threading.Thread):
-    """SIGSTOPs one process of `name` that this run started, once the run has written a few metrics rows (and
-    `when(run_dir)` holds), and keeps it stopped; `resume()` (at the test's end) lets it go on if the run did
-    not end it."""
+class Waves(threading.Thread):
+    """SIGSTOPs this run's processes of each wave's roles in turn (`picks`: name -> how many of its processes,
+    None for all), each once the run has a checkpoint and a few more metrics rows, and the previous wave's
+    processes are back (`back()`); the first wave the moment a checkpoint is written, with `fresh`; then every
+    role's, `LEAD_S` before the run's budget ends. Keeps (name, pid, when)."""
 
-    def __init__(self, run_dir: str, name: str, when=lambda run_dir: True):
+    def __init__(self, run_dir: str, names: list[str], waves: list[dict], budget_end: float, back, fresh: bool):
         super().__init__(daemon=True)
-        self.run_dir, self.name, self.when = run_dir, name, when
-        self.before, self.stopped = snapshot(name), None  # (pid, when, its start time)
+        self.run_dir, self.names, self.waves, self.budget_end, self.back = run_dir, names, waves, budget_end, back
+        self.fresh = fresh
+        self.before = {name: snapshot(name) for name in names}  # an earlier run's may still be exiting
+        self.stopped: list[list] = []  # per wave: [(name, pid, when, its start time)]
         self.done = threading.Event()
 
-    def run(self) -> None:
-        metrics, deadline = os.path.join(self.run_dir, "metrics.csv"), time.time() + 120
-        while time.time() < deadline and not self.done.is_set():
-            if os.path.exists(metrics) and len(open(metrics).readlines()) > 4 and self.when(self.run_dir):
-                ours = new_pids(self.name, self.before)
-                if ours:
-                    self.stopped = (ours[0], time.time(), started_at(ours[0]))
-                    os.kill(ours[0], signal.SIGSTOP)
-                    return
+    def rows(self) -> int:
+        path = os.path.join(self.run_dir, "metrics.csv")
+        return len(open(path).readlines()) if os.path.exists(path) else 0
+
+    def checkpoints(self) -> int:
+        root = os.path.join(self.run_dir, "checkpoints")
+        names = os.listdir(root) if os.path.isdir(root) else []
+        return sum(os.path.exists(os.path.join(root, n, "DONE")) for n in names if n.startswith("ckpt-"))
+
+    def wait(self, cond) -> bool:
+        while not self.done.is_set() and time.time() < self.budget_end - LEAD_S and not cond():
             time.sleep(0.1)
+        return cond()
+
+    def run(self) -> None:
+        for wave in self.waves:
+            rows = self.rows()
+            if not self.wait(lambda: self.back(self.stopped) and self.rows() >= rows + 4):
+                return
+            ckpts = self.checkpoints() if self.fresh and not self.stopped else 0
+            if not self.wait(lambda: self.checkpoints() > ckpts):
+                return
+            self.stopped.append(self.stop(wave))
+        while not self.done.is_set() and time.time() < self.budget_end - LEAD_S:
+            time.sleep(0.02)
+        self.stopped.append(self.stop(dict.fromkeys(self.names)))
+
+    def stop(self, picks: dict) -> list:
+        out = []
+        for name, count in picks.items():  # the longest running first: not one a wave before this stopped
+            for pid in sorted(new_pids(name, self.before[name]), key=lambda p: started_at(p) or 0)[:count]:
+                out.append((name, pid, time.time(), started_at(pid)))
+                os.kill(pid, signal.SIGSTOP)
+        return out
 
     def resume(self) -> None:
         self.done.set()
         self.join(timeout=5)
-        if self.stopped is not None:
-            resume_if_stopped(self.stopped[0], self.stopped[2])
+        for wave in self.stopped:
+            for _, pid, _, start in wave:
+                resume_if_stopped(pid, start)
 
 
-def console_events(err: str) -> list[str]:
-    return [line.removeprefix("distrl: ") for line in err.splitlines() if line.startswith("distrl: ")]
+def back_once_counted(run_dir: str):
+    """Whether every process the waves stopped so far has its `hung ..., restarted` line in faults.log."""
+    def back(stopped: list) -> bool:
+        lines = [text for _, text in fault_events(run_dir) if " hung " in text and ", restarted in " in text]
+        return len(lines) >= sum(len(w) for w in stopped)
+    return back
 
 
-def test_a_hung_rollout_worker_in_async_mode_is_ended_restarted_and_counted(ray_session, tmp_path, capfd):
-    """The other worker delivers all along (no target: the run would solve on it alone; it is stopped once the
-    hung one is back)."""
-    run_dir, done = str(tmp_path / "run"), threading.Event()
-    stopper = Stopper(run_dir, "RolloutWorker")
-    stopper.start()
-    stop = threading.Thread(target=stop_once_back, args=(run_dir, done), daemon=True)
-    stop.start()
-    start = time.time()
-    try:
-        summary = train(CARTPOLE, run_dir=run_dir, start_time=start, overrides=[
-            "mode=async", "workers=2", "seed=0", "stop.max_seconds=200", "eval.target_return=null", *PACED, *QUIET])
-    finally:
-        done.set()
-        stop.join(timeout=5)
-        stopper.resume()
-    assert stopper.stopped is not None, summary
-    assert summary["stop_reason"] == "interrupted" and summary["failure"] is None, summary
-    assert summary["worker_restarts"] == 1 and summary["workers_lost"] == 0, summary
-    rows = list(csv.DictReader(open(os.path.join(run_dir, "metrics.csv"))))
-    stopped_at = stopper.stopped[1] - start
-    during = [int(r["env_steps"]) for r in rows if stopped_at + 1 < float(r["wall_s"]) < stopped_at + HANG_TIMEOUT_S]
-    assert during and during[-1] > during[0], rows  # the other worker delivered while this one hung
-    events = console_events(capfd.readouterr().err)
-    assert len(events) == 1 and events[0].startswith("worker ") and \
-        f" hung (no answer within {HANG_TIMEOUT_S} s), ended, restarted in " in events[0], events
-
-
-def test_a_hung_gradient_worker_is_ended_restarted_and_counted_without_a_traceback(ray_session, tmp_path, capfd):
-    """The learner's step waits on its shard: the driver, waiting on the learner, ends the silent gradient
-    worker; Ray restarts it and runs the shard again there, and the updates go on. The learner is not blamed.
-    (No target: PPO may solve CartPole on the weights it had when the worker hung, before the restart.)"""
-    run_dir, done = str(tmp_path / "run"), threading.Event()
-    stopper = Stopper(run_dir, "GradientWorker")
-    stopper.start()
-    stop = threading.Thread(target=stop_once_back, args=(run_dir, done, 12), daemon=True)
-    stop.start()
-    start = time.time()
-    try:
-        summary = train(PPO, run_dir=run_dir, start_time=start, overrides=[
-            "mode=sync", "workers=2", "seed=0", "learner.num_gradient_workers=2", "stop.max_seconds=200",
-            "eval.target_return=null", *QUIET])
-    finally:
-        done.set()
-        stop.join(timeout=5)
-        stopper.resume()
-    assert stopper.stopped is not None, summary
-    assert summary["stop_reason"] == "interrupted" and summary["failure"] is None, summary
-    assert summary["gradient_worker_restarts"] == 1 and summary["learner_restarts"] == 0, summary
-    rows = list(csv.DictReader(open(os.path.join(run_dir, "metrics.csv"))))
-    ended_by = stopper.stopped[1] - start + HANG_TIMEOUT_S
-    before = [int(r["updates"]) for r in rows if float(r["wall_s"]) < ended_by]
-    assert before and int(rows[-1]["updates"]) > before[-1], rows  # updates went on after the restart
-    assert not os.path.exists(os.path.join(run_dir, "failure.log"))
-    err = capfd.readouterr().err
-    events = console_events(err)
-    assert len(events) == 1 and events[0].startswith("gradient worker ") and \
-        f" hung (no answer within {HANG_TIMEOUT_S} s), ended, restarted in " in events[0], events
-    assert "Traceback" not in err, err
-
-
-def test_single_modes_hung_evaluator_is_ended_restarted_and_the_run_still_solves_on_time(tmp_path, capfd):
-    """Stopped right after its first result: the driver never waits on it (training goes on), ends it within
-    fault.role_timeout_s, and the restarted evaluator finds the run solved."""
+def run_with_waves(tmp_path, mode: str, names: list[str], waves: list[dict], budget_s: float, extra: list[str],
+                   fresh: bool = False):
     run_dir = str(tmp_path / "run")
-    first_result = lambda run_dir: os.path.exists(os.path.join(run_dir, "checkpoints", "best.json"))  # noqa: E731
-    stopper = Stopper(run_dir, "distrl-eval", when=first_result)
-    stopper.start()
     start = time.time()
+    roles = {n: (RAY_ROLES | EVALUATOR)[n] for n in names}
+    waves_thread = Waves(run_dir, names, waves, start + budget_s, back_once_counted(run_dir), fresh)
+    waves_thread.start()
     try:
         summary = train(CARTPOLE, run_dir=run_dir, start_time=start, overrides=[
-            "mode=single", "stop.max_seconds=150", *QUIET])
+            f"mode={mode}", f"stop.max_seconds={budget_s}", "seed=0", *RUN, *extra])
+        ended = time.time()
     finally:
-        stopper.resume()
-    assert stopper.stopped is not None, summary
-    assert summary["solved"] and summary["failure"] is None, summary
-    assert summary["evaluator_restarts"] == 1, summary
-    assert summary["time_to_solve_s"] > stopper.stopped[1] - start + HANG_TIMEOUT_S  # solved by the new one
-    assert time.time() - start < 150 + 10
-    events = console_events(capfd.readouterr().err)
-    assert len(events) == 1 and events[0].startswith(
-        f"evaluator hung (no sign of life for {HANG_TIMEOUT_S} s), ended, restarted in "), events
+        waves_thread.resume()
+    return run_dir, start, ended, summary, waves_thread.stopped, roles
+
+
+def check_waves(run_dir: str, start: float, stopped: list, roles: dict, summary: dict) -> None:
+    """Each process stopped mid-run was found hung within FOUND_S, restarted, and counted once."""
+    assert len(stopped) >= 2, stopped  # every mid-run wave, then the last one
+    events = fault_events(run_dir)
+    hung = [e for e in events if " hung (no answer within 5 s), ended, restarted in " in e[1]
+            or " hung (no sign of life for 5 s), ended, restarted in " in e[1]]
+    assert len(hung) == sum(len(w) for w in stopped[:-1]), events  # one line each: counted once
+    expected = {}
+    for wave, after in zip(stopped, stopped[1:]):
+        stopped_at, next_at = (min(when for _, _, when, _ in w) - start for w in (wave, after))
+        ours = [e for e in hung if stopped_at - 1 < ended_at(e) < next_at]
+        assert sorted(e[1].split(" hung")[0].rstrip("0123456789 ") for e in ours) == \
+            sorted(roles[name][0].strip() for name, _, _, _ in wave), (wave, events)
+        late = [(round(ended_at(e) - stopped_at, 1), e[1]) for e in ours if ended_at(e) - stopped_at >= FOUND_S]
+        assert not late, (stopped_at, late)
+        for name, _, _, _ in wave:
+            expected[roles[name][1]] = expected.get(roles[name][1], 0) + 1
+    assert {key: summary[key] for key in expected} == expected, summary
+    assert set(expected) == {key for _, key in roles.values()}  # every role of the mode was stopped
+
+
+def check_end(start: float, ended: float, budget_s: float, summary: dict, last_wave: list, labels: set) -> None:
+    """The run ended on its budget, within ENDED_S, with the last wave's processes ended and not waited for."""
+    assert summary["stop_reason"] == "max_seconds" and summary["failure"] is None, summary
+    assert ended - (start + budget_s) < ENDED_S, (ended - start, summary)
+    assert summary["stop_to_summary_s"] < ENDED_S, summary
+    assert set(summary["ended_at_stop"]) == labels, summary
+    assert "final evaluation" in summary["skipped_at_stop"], summary
+    for name, pid, _, start_ticks in last_wave:  # ended, not left stopped (its exit may take a moment)
+        assert gone_within(pid, start_ticks, 5.0), (name, pid)
+
+
+def gone_within(pid: int, start_ticks: int, seconds: float) -> bool:
+    deadline = time.time() + seconds
+    while started_at(pid) == start_ticks and time.time() < deadline:
+        try:
+            if open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                return True
+        except OSError:
+            return True
+        time.sleep(0.1)
+    return started_at(pid) != start_ticks
+
+
+def check_written(run_dir: str, summary: dict, last_taken: bool) -> None:
+    """Every checkpoint verifies (none left half-written), the newest one's replay hashes as it recorded, and
+    it is the run's end when `last_taken`; metrics.csv's rows are whole, in order, with blocked shares within
+    0-100%."""
+    root = os.path.join(run_dir, "checkpoints")
+    names = sorted(os.listdir(root))
+    assert not [n for n in names if n.startswith(TMP_PREFIX)], names
+    done = [n for n in names if n.startswith("ckpt-")]
+    assert done and all(os.path.exists(os.path.join(root, n, "DONE")) for n in done), names
+    newest = read_checkpoint(os.path.join(root, done[-1]))  # verifies every file's sha256
+    assert digest(newest["store"]) == newest["meta"]["store_sha256"]
+    if last_taken:
+        assert newest["meta"]["counters"]["env_steps"] == summary["env_steps"], newest["meta"]
+    else:
+        assert "checkpoint" in summary["skipped_at_stop"], summary
+    rows = list(csv.DictReader(open(os.path.join(run_dir, "metrics.csv"))))
+    assert rows and all(None not in r.values() and "" != r["wall_s"] for r in rows), rows[-1]
+    walls = [float(r["wall_s"]) for r in rows]
+    steps = [int(r["env_steps"]) for r in rows]
+    assert walls == sorted(walls) and steps == sorted(steps), (walls, steps)
+    shares = [float(r[k]) for r in rows for k in ("workers_blocked_frac", "learner_blocked_frac")]
+    assert all(0.0 <= s <= 1.0 for s in shares), shares
+
+
+def went_on(run_dir: str, start: float, stopped: list) -> None:
+    """env steps went on after the last mid-run wave's processes were back."""
+    rows = list(csv.DictReader(open(os.path.join(run_dir, "metrics.csv"))))
+    at = max(when for _, _, when, _ in stopped[-2]) - start
+    steps = [int(r["env_steps"]) for r in rows if float(r["wall_s"]) > at]
+    assert steps and steps[-1] > steps[0], (at, rows[-5:])
+
+
+def test_single_mode_hangs_at_the_defaults(tmp_path):
+    """The evaluator's process: stopped once mid-run, then shortly before the budget ends (the learner and the
+    rollout are the driver's own)."""
+    budget = 24.0
+    run_dir, start, ended, summary, stopped, roles = run_with_waves(
+        tmp_path, "single", ["distrl-eval"], [{"distrl-eval": 1}], budget, [])
+    check_waves(run_dir, start, stopped, roles, summary)
+    check_end(start, ended, budget, summary, stopped[-1], {"evaluator"})
+    check_written(run_dir, summary, last_taken=True)  # the learner is this process: its checkpoint is taken
+    went_on(run_dir, start, stopped)
+
+
+RAY_EXTRA = ["workers=2", "rollout.inference=central", "learner.num_gradient_workers=2"]
+RAY_LABELS = {"evaluator", "gradient worker 0", "gradient worker 1", "inference server", "learner",
+              "parameter server", "replay server", "worker 0", "worker 1"}
+
+
+def test_sync_mode_hangs_at_the_defaults(ray_session, tmp_path):
+    """Every role at once mid-run (the run waits for all of them: it goes on once they are back), then again
+    shortly before the budget ends."""
+    budget, names = 50.0, list(RAY_ROLES)
+    run_dir, start, ended, summary, stopped, roles = run_with_waves(
+        tmp_path, "sync", names, [dict.fromkeys(names)], budget, RAY_EXTRA)
+    check_waves(run_dir, start, stopped, roles, summary)
+    check_end(start, ended, budget, summary, stopped[-1], RAY_LABELS)
+    assert summary["replay_refilled_items"] > 0, summary
+    check_written(run_dir, summary, last_taken=False)
+    went_on(run_dir, start, stopped)
+
+
+def test_async_mode_hangs_at_the_defaults(ray_session, tmp_path):
+    """First every role but one rollout worker and the inference server it acts through, right after a
+    checkpoint: that worker delivers meanwhile (async mode waits on none of them; the next checkpoint waits
+    for every role's state), then those two, then every role shortly before the budget ends."""
+    budget, names = 65.0, list(RAY_ROLES)
+    first = {**dict.fromkeys(names), "RolloutWorker": 1}
+    del first["InferenceServer"]
+    run_dir, start, ended, summary, stopped, roles = run_with_waves(  # the limiter lets it run while the learner hangs
+        tmp_path, "async", names, [first, {"RolloutWorker": 1, "InferenceServer": 1}], budget,
+        [*RAY_EXTRA, "replay.error_buffer=1e9"], fresh=True)
+    check_waves(run_dir, start, stopped, roles, summary)
+    rows = list(csv.DictReader(open(os.path.join(run_dir, "metrics.csv"))))
+    hung_at = min(when for _, _, when, _ in stopped[0]) - start
+    during = [int(r["env_steps"]) for r in rows if hung_at + 0.5 < float(r["wall_s"]) < hung_at + 3]
+    assert during and during[-1] > during[0], rows  # the other worker delivered while the rest hung
+    check_end(start, ended, budget, summary, stopped[-1], RAY_LABELS)
+    assert summary["replay_refilled_items"] > 0, summary
+    check_written(run_dir, summary, last_taken=False)
+    went_on(run_dir, start, stopped)

@@ -291,7 +291,7 @@ def test_gradient_worker_bundles_wait_for_a_node_still_being_freed(cluster):
 
 def test_a_run_whose_learner_cannot_start_in_time_is_one_line_and_leaves_nothing(cluster, tmp_path, capsys):
     """Another job holds all of node a: a learner placed there does not start within
-    fault.role_timeout_s. One line, exit 1 (the input was valid), no run dir, and every actor and the
+    fault.start_timeout_s. One line, exit 1 (the input was valid), no run dir, and every actor and the
     gradient workers' placement group the run had made are gone again (the command runs in this
     process: a driver that exits takes its actors with it, which would hide a leak)."""
     from distrl.cli import main
@@ -301,7 +301,7 @@ def test_a_run_whose_learner_cannot_start_in_time_is_one_line_and_leaves_nothing
     run_dir = tmp_path / "run"
     try:
         code = main(["train", PPO, "--mode", "sync", "--address", cluster.address, "--run-dir", str(run_dir),
-                     "--set", "placement.learner={node_a: 1}", "--set", "fault.role_timeout_s=3",
+                     "--set", "placement.learner={node_a: 1}", "--set", "fault.start_timeout_s=3",
                      "--set", "learner.num_gradient_workers=2", "--set", "placement.gradient_workers={worker_slot: 1}"])
     finally:
         ray.kill(holder)

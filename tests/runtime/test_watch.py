@@ -9,6 +9,7 @@ import ray
 from distrl.core import RoleLost
 from distrl.runtime.deaths import ActorTable
 from distrl.runtime.faultlog import FaultLog
+from distrl.runtime.heartbeat import Heartbeats
 from distrl.runtime.watch import RoleWatch
 
 
@@ -23,7 +24,7 @@ def test_a_role_reported_lost_is_not_reported_again_while_the_run_winds_down(ray
     table = ActorTable(FaultLog(None, time.time(), console=False), interval_s=0.0)
     for name, actor in actors.items():
         table.track(actor, name, name)
-    watch = RoleWatch(actors, table, timeout_s=10.0, interval_s=0.0)
+    watch = RoleWatch(actors, Heartbeats(table, timeout_s=10.0, interval_s=0.0), start_s=60.0)
     assert watch.wait_for("evaluator") is False and watch.wait_for("learner") is False
     ray.kill(actors["evaluator"], no_restart=True)
     deadline = time.time() + 30
