@@ -120,6 +120,13 @@ class Policy(abc.ABC):
         """The recurrent state of `rows` envs at an episode start; None for a feedforward policy."""
         return None
 
+    def acting_rule(self) -> Any:
+        """How `act` picks actions from `forward`'s outputs (a `distrl.sampling.ActingRule`, with this
+        policy's exploration as it stands now), for whatever runs the network outside this process (a
+        simulator acting locally, an exported file); None when acting needs more than one `forward` of
+        the observation (a recurrent state)."""
+        return None
+
     def place(self, device: str) -> None:
         """Run `forward` on `device` (a torch device name), inputs and outputs still numpy."""
         if device != "cpu":
@@ -214,6 +221,9 @@ class Algorithm(abc.ABC):
     """The torso `model.torso: auto` picks for image observations (auto: by image size)."""
     offline: bool = False
     """Learns from a dataset only (`data.dataset`), with no rollout workers (`Algorithm.dataset_items`)."""
+    external: bool = False
+    """Learns from simulators that own their loop (`external.enabled`): its policy acts on one observation
+    at a time with no state but its exploration, and its workers send experience, not gradients."""
 
     def __init__(self, spec: EnvSpec, cfg: Any, model: Any, seed: int = 0, sequence: Any = None):
         self.spec, self.cfg, self.model, self.seed, self.sequence = spec, cfg, model, seed, sequence
