@@ -80,6 +80,7 @@ class FragmentInfo:
     items: int = 0  # items the fragment stores (transitions, sequences): what the rate limiter counts
     fragment_id: int = 0  # unique per fragment: links its transfer to the replay server in traces
     episodes: list = field(default_factory=list)  # whole episodes that ended, when the run records them (log.dataset)
+    counts: dict = field(default_factory=dict)  # a simulator server's events since its last fragment (clients: a gauge)
 
 
 @dataclass
@@ -317,6 +318,7 @@ class Restarts:
     inference: int = 0     # the inference server (rollout.inference: central)
     gradient_workers: int = 0  # learner.num_gradient_workers' actors
     replay_refilled: int = 0  # items restarted replay servers got back from the newest checkpoint
+    external: int = 0  # the simulator server (external.enabled)
 
 
 RunState = dict[str, Any]

@@ -20,11 +20,13 @@ from distrl.runtime.ray_setup import ACTOR_GONE
 
 
 class WorkerPool:
-    def __init__(self, workers: list, fault, window_s: float | None, table: ActorTable):
-        """`fault`: the config's section; `window_s`: async mode's gather window (None: sync mode)."""
+    def __init__(self, workers: list, fault, window_s: float | None, table: ActorTable, external: int = 0):
+        """`fault`: the config's section; `window_s`: async mode's gather window (None: sync mode); the last
+        `external` of `workers` are simulator servers (their restarts count apart, as `external`)."""
         self.workers, self.table = workers, table
         for i, w in enumerate(workers):
-            table.track(w, "workers", f"worker {i}")
+            server = i >= len(workers) - external
+            table.track(w, "external" if server else "workers", "simulator server" if server else f"worker {i}")
         self.timeout_s, self.role_timeout_s = fault.worker_timeout_s, fault.role_timeout_s
         limit_s = self.timeout_s + self.role_timeout_s  # a worker may wait a role's timeout on a hung role
         self.gatherer = (SyncGather(workers, limit_s) if window_s is None
