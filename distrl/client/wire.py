@@ -43,7 +43,7 @@ def decode(payload: bytes) -> tuple[dict, str]:
     """(message, its encoding); ProtocolError("malformed") for anything but an encoded map."""
     encoding = "json" if payload[:1] == b"{" else "msgpack"
     try:
-        msg = json.loads(payload) if encoding == "json" else msgpack.unpackb(payload, raw=False)
+        msg = json.loads(payload, parse_constant=_not_json) if encoding == "json" else msgpack.unpackb(payload, raw=False)
     except (ValueError, TypeError, RecursionError, msgpack.ExtraData, msgpack.FormatError,
             msgpack.StackError, UnicodeDecodeError) as e:
         raise ProtocolError("malformed", f"not a {encoding} message: {str(e)[:120]}") from None
@@ -52,13 +52,17 @@ def decode(payload: bytes) -> tuple[dict, str]:
     return msg, encoding
 
 
+def _not_json(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
 def frame(payload: bytes) -> bytes:
     return HEADER.pack(len(payload)) + payload
 
 
 def pack_array(a: np.ndarray, encoding: str) -> dict:
     """An array object for `a` (bytes in msgpack, base64 in JSON)."""
-    a = np.ascontiguousarray(a)
+    a = np.asarray(a, order="C")  # not ascontiguousarray: it makes a 0-d array 1-d
     data = a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
     return {"dtype": a.dtype.name, "shape": list(a.shape),
             "data": base64.b64encode(data).decode() if encoding == "json" else data}

@@ -77,6 +77,7 @@ class SimulatorServer:
         self.want_export = False
         self.paused = False
         self.failure: str | None = None
+        self.last_internal_error: str | None = None
         self.ready = threading.Condition()
         self.stopping = threading.Event()
         self.loop = asyncio.new_event_loop()
@@ -99,7 +100,7 @@ class SimulatorServer:
         with self.ready:
             while not self.assembler.ready and self.failure is None and time.time() < deadline:
                 self.ready.wait(max(0.0, deadline - time.time()))
-        if self.failure is None and not self.thread.is_alive():
+        if self.failure is None and not self.thread.is_alive() and not self.stopping.is_set():
             self.failure = "its event loop stopped"
         if self.failure is not None:
             raise RuntimeError(f"the simulator server failed: {self.failure}")
@@ -151,6 +152,7 @@ class SimulatorServer:
         """A fault in handling one connection's data closes that connection (asyncio's doing) and is counted;
         the server goes on with the others."""
         self.counts["internal_errors"] += 1
+        self.last_internal_error = f"{context.get('message')}: {context.get('exception')!r}"
 
     def _fail(self, why: str) -> None:
         """A fault of the server itself (its network, its policy): it stops, as a dead process would."""
@@ -162,9 +164,11 @@ class SimulatorServer:
     def _shutdown(self) -> None:
         for s in list(self.sessions):
             s.close()
+            self.closed(s)  # now: the loop stops before asyncio would report the connection lost
         if getattr(self, "listener", None) is not None:
             self.listener.close()
-        self.loop.stop()
+        # Stopped a moment later: the transports close their sockets in callbacks of the loop's next pass.
+        self.loop.call_later(0.05, self.loop.stop)
 
     def opened(self, session: Session) -> None:
         self.counts["connections"] += 1
@@ -243,16 +247,18 @@ class SimulatorServer:
         except Exception as e:  # noqa: BLE001 - the network failed: the server is as good as dead
             self._fail(f"acting failed: {type(e).__name__}: {e}")
             return
-        version = self.policy.version
+        version, replies = self.policy.version, []
         for i, (session, episode, obs, reward) in enumerate(batch):
             policy = self.slot_policy(session.slot)
             actions, extras = policy.acting_rule().act({k: v[i:i + 1] for k, v in outputs.items()}, policy.rng, True)
             self.slot_steps[session.slot] += 1
             session.episodes.reward(episode, reward)
             session.episodes.act(episode, obs, actions[0], {k: v[0] for k, v in extras.items()}, version)
-            session.answered({"type": "action", "action": self.checks.action_to_wire(actions[0]), "version": version})
+            replies.append({"type": "action", "action": self.checks.action_to_wire(actions[0]), "version": version})
         self.assembler.act_s += time.perf_counter() - t0
-        self.stepped()
+        self.stepped()  # before the replies: a client held back is held back at its next call
+        for (session, *_), reply in zip(batch, replies):
+            session.answered(reply)
 
     # --- local inference --------------------------------------------------------------------
     def queue_weights(self, session: Session, have: int) -> None:

@@ -140,7 +140,7 @@ class Session(asyncio.Protocol):
 
     def start_episode(self, msg: dict) -> dict:
         episode = msg.get("episode")
-        episode = self.server.newepisode_id(self.slot) if episode is None else episode_id(episode)
+        episode = self.server.new_episode_id(self.slot) if episode is None else episode_id(episode)
         problem = self.episodes.start(episode)
         if problem:
             raise ProtocolError("out_of_order", problem)
