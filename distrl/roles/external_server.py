@@ -78,6 +78,7 @@ class SimulatorServer:
         self.paused = False
         self.failure: str | None = None
         self.last_internal_error: str | None = None
+        self.no_export: str | None = None  # why the weights cannot be exported for local inference, once known
         self.ready = threading.Condition()
         self.stopping = threading.Event()
         self.loop = asyncio.new_event_loop()
@@ -261,12 +262,15 @@ class SimulatorServer:
             session.answered(reply)
 
     # --- local inference --------------------------------------------------------------------
-    def queue_weights(self, session: Session, have: int) -> None:
+    def queue_weights(self, session: Session, have: int) -> dict | None:
+        """The weights reply, or None when it waits for the first export (`session.answered` then)."""
+        if self.no_export:
+            raise ProtocolError("unavailable", self._unavailable())
         self.want_export = True
         if self.export is None:
             self.weights_waiting.append((session, have))
-        else:
-            session.answered(self._weights_reply(session, have))
+            return None
+        return self._weights_reply(session, have)
 
     def _weights_reply(self, session: Session, have: int) -> dict:
         version, model = self.export
@@ -276,6 +280,18 @@ class SimulatorServer:
             model = base64.b64encode(model).decode()
         return {"type": "weights", "version": version, "model": model,
                 "rule": self.slot_policy(session.slot).acting_rule().to_wire()}
+
+    def _no_export(self, why: str) -> None:
+        """The weights cannot be exported here: every get_weights, waiting or to come, is refused."""
+        self.no_export = why
+        waiting, self.weights_waiting = self.weights_waiting, []
+        for session, _ in waiting:
+            session.busy = False
+            session.fail(ProtocolError("unavailable", self._unavailable()))
+            session.drain()
+
+    def _unavailable(self) -> str:
+        return f"local inference needs the run's weights as ONNX (pip install distrl[onnx]): {self.no_export}"
 
     def _exported(self, version: int, model: bytes) -> None:
         self.export = (version, model)
@@ -324,7 +340,11 @@ class SimulatorServer:
             if self.want_export and newest is not None and due and (self.export is None or self.export[0] != known):
                 exporter = exporter or self.algo.make_policy(-1, 1, 0)
                 exported_at = time.time()
-                model = export_onnx(exporter, *newest)
+                try:
+                    model = export_onnx(exporter, *newest)
+                except Exception as e:  # noqa: BLE001 - no onnx package here: local inference is refused, not the run
+                    self.loop.call_soon_threadsafe(self._no_export, f"{type(e).__name__}: {e}")
+                    return
                 self.loop.call_soon_threadsafe(self._exported, newest[0], model)
             self.stopping.wait(POLL_S)
 

@@ -166,13 +166,14 @@ class Session(asyncio.Protocol):
         self.server.stepped()
         return {"type": "ok"}
 
-    def get_weights(self, msg: dict) -> None:
+    def get_weights(self, msg: dict) -> dict | None:
         self._mode("local", "get_weights")
         have = msg.get("version", -1)
         if not isinstance(have, int) or isinstance(have, bool):
             raise ProtocolError("bad_value", f"version is an integer, got {have!r}")
-        self.busy = True
-        self.server.queue_weights(self, have)
+        reply = self.server.queue_weights(self, have)
+        self.busy = reply is None  # answered when the first export is there
+        return reply
         return None
 
     def experience(self, msg: dict) -> dict:
