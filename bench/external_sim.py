@@ -28,21 +28,24 @@ def wait_for(path: str, timeout_s: float) -> None:
 
 def play(client: Client, env, seconds: float, episodes: int, seed: int) -> dict:
     steps = done = 0
-    returns, start = [], time.time()
-    while time.time() - start < seconds and done < episodes:
-        obs, _ = env.reset(seed=seed + done)
-        episode, total = client.start_episode(), 0.0
-        while True:
-            obs, reward, terminated, truncated, _ = env.step(client.get_action(episode, obs))
-            client.log_returns(episode, reward)
-            steps, total = steps + 1, total + reward
-            if terminated or truncated:
-                client.end_episode(episode, obs, truncated=truncated and not terminated)
-                break
-        done += 1
-        returns.append(total)
+    returns, start, error = [], time.time(), None
+    try:
+        while time.time() - start < seconds and done < episodes:
+            obs, _ = env.reset(seed=seed + done)
+            episode, total = client.start_episode(), 0.0
+            while True:
+                obs, reward, terminated, truncated, _ = env.step(client.get_action(episode, obs))
+                client.log_returns(episode, reward)
+                steps, total = steps + 1, total + reward
+                if terminated or truncated:
+                    client.end_episode(episode, obs, truncated=truncated and not terminated)
+                    break
+            done += 1
+            returns.append(total)
+    except ConnectionError as e:  # the run ended (its server went away for good)
+        error = str(e)
     return {"steps": steps, "episodes": done, "seconds": round(time.time() - start, 3),
-            "return_mean": sum(returns[-20:]) / max(1, len(returns[-20:]))}
+            "return_mean": sum(returns[-20:]) / max(1, len(returns[-20:])), "error": error}
 
 
 def main(argv=None) -> None:
@@ -55,14 +58,13 @@ def main(argv=None) -> None:
     p.add_argument("--episodes", type=int, default=10**9)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--weights-interval", type=float, default=2.0)
+    p.add_argument("--reconnect", type=float, default=60.0, help="seconds a lost server is waited for")
     a = p.parse_args(argv)
     wait_for(os.path.join(a.run_dir, "external.json"), 120.0)
     client = Client.from_run_dir(a.run_dir, inference=a.inference, encoding=a.encoding, seed=a.seed,
-                                 weights_interval_s=a.weights_interval)
+                                 weights_interval_s=a.weights_interval, reconnect_s=a.reconnect)
     try:
         out = play(client, gym.make(a.env), a.seconds, a.episodes, a.seed)
-    except ConnectionError as e:  # the run ended (its server went away for good)
-        out = {"error": str(e)}
     finally:
         client.close()
     print(json.dumps(out), flush=True)
