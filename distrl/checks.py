@@ -181,7 +181,7 @@ def _check_external(cfg: Config, algo, spec):
         raise ConfigError(str(e)) from None
     for side, mine, env in (("observation", declared.observation_space, spec.observation_space),
                             ("action", declared.action_space, spec.action_space)):
-        if not same_space(mine, env):
+        if not same_space(mine, env, bounds=side == "action"):
             raise ConfigError(f"config key 'external.{side}_space': {mine} is not {cfg.env.id}'s {env}, which the "
                               "evaluator plays with the network built for it")
     try:

@@ -3,7 +3,8 @@
     {type: discrete, n: 2}
     {type: box, shape: [4], dtype: float32, low: -.inf, high: .inf}     # low, high: a number or a list
 
-On the wire (JSON has no infinity) an infinite bound is the string "inf" or "-inf".
+On the wire (JSON has no infinity) an infinite bound is the string "inf" or "-inf", and a bound is one
+number when all its elements are equal, else a flat list (C order).
 """
 from __future__ import annotations
 
@@ -42,9 +43,11 @@ def _box(d: dict, key: str) -> spaces.Box:
     for side, default in (("low", -np.inf), ("high", np.inf)):
         value = d.get(side, default)
         try:
-            b = np.broadcast_to(np.asarray(_numbers(value), np.float64), shape)
+            b = np.asarray(_numbers(value), np.float64)
+            b = b.reshape(shape) if b.ndim == 1 and b.size == int(np.prod(shape)) > 1 else np.broadcast_to(b, shape)
         except (ValueError, TypeError):
-            raise ValueError(f"config key '{key}.{side}': a number or a list shaped {shape}, got {value!r}") from None
+            raise ValueError(f"config key '{key}.{side}': a number or a list shaped {shape} (or flat), "
+                             f"got {str(value)[:60]}") from None
         if np.isnan(b).any():
             raise ValueError(f"config key '{key}.{side}': NaN is no bound")
         bounds.append(b)
@@ -74,14 +77,17 @@ def space_to_data(space) -> dict:
     if isinstance(space, spaces.Discrete):
         return {"type": "discrete", "n": int(space.n)}
     def bound(a):
-        return [v if np.isfinite(v) else ("inf" if v > 0 else "-inf") for v in np.asarray(a, np.float64).ravel().tolist()]
+        """One number when every element has it (a frame's 0 and 255), else the flat list."""
+        values = [v if np.isfinite(v) else ("inf" if v > 0 else "-inf") for v in np.asarray(a, np.float64).ravel().tolist()]
+        return values[0] if len(set(values)) == 1 else values
     return {"type": "box", "shape": list(space.shape), "dtype": np.dtype(space.dtype).name,
             "low": bound(space.low), "high": bound(space.high)}
 
 
-def same_space(a, b) -> bool:
-    """Declared and actual spaces agree (kind, size, shape, dtype; bounds of Box actions too)."""
+def same_space(a, b, bounds: bool) -> bool:
+    """Declared and actual spaces agree: kind, size, shape, dtype, and with `bounds` a Box's bounds too (an
+    action space's: they scale the actions; an observation space's are no input to the network)."""
     if isinstance(a, spaces.Discrete) or isinstance(b, spaces.Discrete):
         return isinstance(a, spaces.Discrete) and isinstance(b, spaces.Discrete) and a.n == b.n
     return (isinstance(a, spaces.Box) and isinstance(b, spaces.Box) and a.shape == b.shape and a.dtype == b.dtype
-            and np.array_equal(a.low, b.low) and np.array_equal(a.high, b.high))
+            and (not bounds or (np.array_equal(a.low, b.low) and np.array_equal(a.high, b.high))))
