@@ -67,6 +67,7 @@ class Client:
         self.pulled_at = 0.0
         self.welcome: dict = {}
         self.buffered = 0  # local inference: rows held for the next batch
+        self._sent: list[tuple[str, int]] = []  # what the last experience message carried: (episode, steps)
         self._request(lambda: None)  # connect now: a wrong token or address fails here
 
     @classmethod

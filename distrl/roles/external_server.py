@@ -360,15 +360,26 @@ def export_onnx(policy, version: int, weights: dict) -> bytes:
 ADDRESS_FILE = "external.json"
 
 
-def identity(run_dir: str, port: int) -> tuple[str, int]:
+def identity(run_dir: str, host: str, port: int) -> tuple[str, int]:
     """(token, port) of the run in `run_dir`: those it wrote before when it is resumed (so its simulators
-    reconnect as they were), else a new token and the config's `port`."""
+    reconnect as they were; its port if still free on `host`), else a new token and the config's `port`."""
     try:
         with open(os.path.join(run_dir, ADDRESS_FILE)) as fh:
             known = json.load(fh)
-        return str(known["token"]), int(port or known["port"])
+        token, before = str(known["token"]), int(known["port"])
     except (OSError, ValueError, KeyError, TypeError):
         return secrets.token_urlsafe(24), port
+    return token, port or (before if _free(host, before) else 0)
+
+
+def _free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+            return True
+        except OSError:
+            return False
 
 
 def free_port(host: str, wanted: int) -> int:

@@ -86,7 +86,7 @@ class LocalRoles(Roles):
         from distrl.roles.external_server import SimulatorServer, identity, publish
 
         ext = self.cfg.external
-        token, port = identity(self.run_dir, port) if self.run_dir else ("", port)
+        token, port = identity(self.run_dir, ext.host, port) if self.run_dir else ("", port)
         self.server = SimulatorServer(self.cfg, token, port, self._published, worker_index=1)
         if self.run_dir:
             publish(self.run_dir, ext.host, self.server.port, token, self.server.algo.spec)

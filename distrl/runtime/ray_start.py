@@ -117,7 +117,7 @@ def _start_server(roles, d: dict, index: int, ps: str, fault):
     from distrl.roles.external_server import free_port, identity, publish
 
     ext = roles.cfg.external
-    token, port = identity(roles.run_dir, ext.port)
+    token, port = identity(roles.run_dir, ext.host, ext.port)
     port = free_port(ext.host, port)
     here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
     server = ExternalServer.options(num_cpus=0, scheduling_strategy=here, max_restarts=fault.max_role_restarts,
