@@ -313,10 +313,8 @@ class SimulatorServer:
             if problem:
                 raise ProtocolError("out_of_order", problem)
         k = 0 if rows is None else len(rows["rewards"])
-        for i in range(k):
-            episodes.act(episode, rows["obs"][i], rows["actions"][i], {n: v[i] for n, v in rows["extras"].items()},
-                         int(rows["versions"][i]))
-            episodes.reward(episode, float(rows["rewards"][i]))
+        if k:
+            episodes.extend(episode, rows["obs"], rows["actions"], rows["extras"], rows["versions"], rows["rewards"])
         if end is not None:
             episodes.end(episode, *end)
         self.slot_steps[slot] = self.slot_steps.get(slot, 0) + k

@@ -90,16 +90,20 @@ class Assembler:
 
 
 class Episode:
-    """An open episode: its complete steps not yet sent on, and the step waiting for its next observation."""
+    """An open episode: its complete steps not yet sent on (blocks of rows), and the step waiting for its
+    next observation (one row, and its reward so far)."""
 
     def __init__(self):
-        self.steps: list[tuple] = []  # (obs, action, reward, terminated, truncated, next_obs, version, extras)
-        self.pending: list | None = None  # [obs, action, extras, version, reward so far]
+        self.blocks: list[dict[str, np.ndarray]] = []  # STEP_FIELDS and "x/<extra>", k rows each
+        self.held = 0  # complete steps in `blocks`
+        self.pending: dict[str, np.ndarray] | None = None  # obs, actions, versions, "x/<extra>": one row each
+        self.pending_reward = 0.0
         self.ret, self.length = 0.0, 0
 
 
 class Episodes:
-    """One connection's open episodes; complete steps go to the assembler in chunks of up to `chunk`."""
+    """One connection's open episodes; complete steps go to the assembler in chunks of at least `chunk`
+    (or an episode's last ones)."""
 
     def __init__(self, assembler: Assembler, chunk: int, max_open: int, counts: dict[str, int]):
         """`counts`: the server's running counts, which this adds its steps, episodes and losses to."""
@@ -117,24 +121,40 @@ class Episodes:
 
     def act(self, episode: str, obs, action, extras: dict, version: int) -> None:
         """The action taken on `obs` (which completes the episode's previous step)."""
-        ep = self.open[episode]
+        self.extend(episode, np.asarray(obs)[None], np.asarray(action)[None],
+                    {k: np.asarray(v)[None] for k, v in extras.items()}, np.array([version]), np.zeros(1))
+
+    def extend(self, episode: str, obs: np.ndarray, actions: np.ndarray, extras: dict, versions: np.ndarray,
+               rewards: np.ndarray) -> None:
+        """k actions taken one after another on `obs` (k rows each), each but the last with its reward final
+        (`rewards`); the first completes the episode's previous step, the last waits for its next observation."""
+        ep, k = self.open[episode], len(rewards)
+        if k == 0:
+            return
         if ep.pending is not None:
-            self._complete(ep, obs, terminated=False, truncated=False)
-        ep.pending = [obs, action, extras, version, 0.0]
-        if len(ep.steps) >= self.chunk:
+            self._complete(ep, obs[:1], terminated=False, truncated=False)
+        if k > 1:
+            done = np.zeros(k - 1, bool)
+            self._hold(ep, {"obs": obs[:-1], "actions": actions[:-1], "rewards": rewards[:-1].astype(np.float32),
+                            "terminated": done, "truncated": done, "next_obs": obs[1:], "versions": versions[:-1],
+                            **{"x/" + n: v[:-1] for n, v in extras.items()}})
+        ep.pending = {"obs": obs[-1:], "actions": actions[-1:], "versions": versions[-1:],
+                      **{"x/" + n: v[-1:] for n, v in extras.items()}}
+        ep.pending_reward = float(rewards[-1])
+        if ep.held >= self.chunk:
             self._send(ep)
 
     def reward(self, episode: str, reward: float) -> None:
         """Reward for the episode's last action (none yet: the reward before the first action is dropped)."""
         ep = self.open[episode]
         if ep.pending is not None:
-            ep.pending[4] += reward
+            ep.pending_reward += reward
 
     def end(self, episode: str, obs, truncated: bool) -> None:
         ep = self.open.pop(episode)
         if ep.pending is not None:
-            self._complete(ep, obs, terminated=not truncated, truncated=truncated)
-        if ep.steps:
+            self._complete(ep, np.asarray(obs)[None], terminated=not truncated, truncated=truncated)
+        if ep.held:
             self._send(ep)
         if ep.length:
             self.assembler.episode_ended(ep.ret, ep.length)
@@ -143,26 +163,30 @@ class Episodes:
     def close(self) -> None:
         """The connection is gone: its open episodes' steps not yet sent on are lost."""
         for ep in self.open.values():
-            self.counts["steps_lost"] += len(ep.steps) + (ep.pending is not None)
+            self.counts["steps_lost"] += ep.held + (ep.pending is not None)
             self.counts["episodes_cut"] += 1
         self.open.clear()
 
-    def _complete(self, ep: Episode, next_obs, terminated: bool, truncated: bool) -> None:
-        obs, action, extras, version, reward = ep.pending
-        ep.pending = None
-        ep.steps.append((obs, action, reward, terminated, truncated, next_obs, version, extras))
-        ep.ret += reward
-        ep.length += 1
-        self.counts["steps"] += 1
+    def _complete(self, ep: Episode, next_obs: np.ndarray, terminated: bool, truncated: bool) -> None:
+        row, ep.pending = ep.pending, None
+        self._hold(ep, {**row, "rewards": np.array([ep.pending_reward], np.float32), "next_obs": next_obs,
+                        "terminated": np.array([terminated]), "truncated": np.array([truncated])})
+
+    def _hold(self, ep: Episode, block: dict[str, np.ndarray]) -> None:
+        k = len(block["rewards"])
+        ep.blocks.append(block)
+        ep.held += k
+        ep.ret += float(block["rewards"].sum())
+        ep.length += k
+        self.counts["steps"] += k
 
     def _send(self, ep: Episode) -> None:
         """The episode's complete steps to the assembler, as a chunk whose last step is an end (its own, or
         a truncation where the chunk is cut)."""
-        obs, actions, rewards, term, trunc, next_obs, versions, extras = zip(*ep.steps)
-        ep.steps = []
-        trunc = np.asarray(trunc, bool)
-        trunc[-1] |= not term[-1]
-        chunk = {"obs": np.stack(obs), "actions": np.stack(actions), "rewards": np.asarray(rewards, np.float32),
-                 "terminated": np.asarray(term, bool), "truncated": trunc, "next_obs": np.stack(next_obs),
-                 "versions": np.asarray(versions, np.int32)}
-        self.assembler.add(chunk, {k: np.stack([e[k] for e in extras]) for k in extras[0]})
+        blocks, ep.blocks, ep.held = ep.blocks, [], 0
+        chunk = {name: np.concatenate([b[name] for b in blocks]) for name in blocks[0]}
+        chunk["truncated"] = chunk["truncated"].copy()
+        chunk["truncated"][-1] |= not chunk["terminated"][-1]
+        chunk["versions"] = chunk["versions"].astype(np.int32)
+        self.assembler.add({n: chunk[n] for n in STEP_FIELDS},
+                           {n[2:]: v for n, v in chunk.items() if n.startswith("x/")})

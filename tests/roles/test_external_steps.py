@@ -69,3 +69,28 @@ def test_an_episode_id_opens_once_and_a_connection_holds_a_bounded_number():
     for i in range(7):
         episodes.start(f"y{i}")
     assert "most" in episodes.start("z")
+
+
+def test_steps_in_bulk_make_the_same_fragment_as_steps_one_by_one():
+    def fill(bulk: bool):
+        assembler, episodes, counts = book(T=4, E=3, chunk=4)
+        episodes.start("e")
+        obs, rewards = np.arange(12, dtype=np.float32)[:, None], np.arange(12, dtype=np.float32) + 1
+        extras, versions = {"logp": -np.arange(12, dtype=np.float32)}, np.arange(12)
+        if bulk:  # a local client's segments: 5 steps, 4, then 3 (chunks cut where one by one cuts them)
+            for cut in (slice(0, 5), slice(5, 9), slice(9, 12)):
+                episodes.extend("e", obs[cut], obs[cut, 0].astype(np.int64) % 2,
+                                {k: v[cut] for k, v in extras.items()}, versions[cut], rewards[cut])
+        else:
+            for i in range(12):
+                episodes.act("e", obs[i], i % 2, {"logp": extras["logp"][i]}, i)
+                episodes.reward("e", rewards[i])
+        episodes.end("e", np.array([12.0], np.float32), truncated=False)
+        return assembler.ready[0].data, counts
+
+    (bulk, bulk_counts), (single, single_counts) = fill(True), fill(False)
+    assert bulk_counts == single_counts == {"steps": 12, "episodes": 1, "steps_lost": 0, "episodes_cut": 0}
+    for name in single:
+        np.testing.assert_array_equal(bulk[name], single[name], err_msg=name)
+    np.testing.assert_array_equal(single["next_obs"][:, :, 0].T, [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]])
+    assert single["terminated"][3, 2] and single["truncated"][3, 0] and not single["truncated"][3, 1]
