@@ -25,6 +25,7 @@ from collections import deque
 import numpy as np
 
 from distrl.core import Fragment, FragmentInfo, Trajectory
+from distrl.observe.trace import tracer
 
 STEP_FIELDS = ("obs", "actions", "rewards", "terminated", "truncated", "next_obs", "versions")
 
@@ -72,19 +73,22 @@ class Assembler:
         self.arrays, self.filled = {}, 0
         extras = {name[2:]: v for name, v in a.items() if name.startswith("x/")}
         t0 = time.time()
-        data, priorities = self.policy.postprocess(Trajectory(
-            a["obs"], a["actions"], a["rewards"], a["terminated"], a["truncated"], a["next_obs"], extras))
+        self.fragments += 1
+        fragment_id = (os.getpid() << 24) + self.fragments  # names its transfer to the replay server in traces
+        with tracer().span("postprocess", "rollout", env_steps=T * E):
+            data, priorities = self.policy.postprocess(Trajectory(
+                a["obs"], a["actions"], a["rewards"], a["terminated"], a["truncated"], a["next_obs"], extras))
+            tracer().flow_out("fragment", fragment_id)
         versions = a["versions"]
         if "version" not in data:
             n = len(data["rewards"]) if "rewards" in data else 1
             data["version"] = versions if data.get("rewards", np.empty(0)).shape == (T, E) else \
                 versions.reshape(-1).astype(np.int32) if n == T * E else np.full(n, versions.min(), np.int32)
-        self.fragments += 1
         info = FragmentInfo(
             worker=self.worker_index, version=int(versions.min()), env_steps=T * E,
             episode_returns=np.asarray(self.returns, np.float64), episode_lengths=np.asarray(self.lengths, np.int64),
             timings={"env_s": 0.0, "inference_s": self.act_s + time.time() - t0}, pid=os.getpid(),
-            items=len(data["version"]), fragment_id=(os.getpid() << 24) + self.fragments)
+            items=len(data["version"]), fragment_id=fragment_id)
         self.returns, self.lengths, self.act_s = [], [], 0.0
         self.ready.append(Fragment(data, priorities, info))
 
