@@ -83,7 +83,8 @@ class LocalRoles(Roles):
 
     # --- the simulator server (external.enabled): a thread of this process ----------------
     def _start_server(self, port: int) -> None:
-        from distrl.roles.external_server import SimulatorServer, identity, publish
+        from distrl.roles.external_address import identity, publish
+        from distrl.roles.external_server import SimulatorServer
 
         ext = self.cfg.external
         token, port = identity(self.run_dir, ext.host, port) if self.run_dir else ("", port)

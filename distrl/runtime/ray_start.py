@@ -114,7 +114,7 @@ def _start_server(roles, d: dict, index: int, ps: str, fault):
     written in the run dir), on a port fixed now so that a restart listens where its clients reconnect."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from distrl.roles.external_server import free_port, identity, publish
+    from distrl.roles.external_address import free_port, identity, publish
 
     ext = roles.cfg.external
     token, port = identity(roles.run_dir, ext.host, ext.port)

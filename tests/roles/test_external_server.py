@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from distrl.client import Client, ServerError, wire
 from distrl.config import load_config
-from distrl.roles.external_server import MAX_READY, SimulatorServer, identity, publish
+from distrl.roles.external_server import MAX_READY, SimulatorServer
 from distrl.roles.factory import make_algorithm
 
 TOKEN = "s3cret"
@@ -267,16 +267,3 @@ def test_clients_can_refuse_a_wrong_token_at_once(server):
         Client(f"127.0.0.1:{server.port}", "guess")
     assert e.value.code == "bad_token"
 
-
-def test_a_resumed_run_keeps_its_token_and_its_port_while_free(tmp_path):
-    token, port = identity(str(tmp_path), "127.0.0.1", 0)
-    assert len(token) >= 32 and port == 0  # a new run: a new token, any port
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        busy = taken.getsockname()[1]
-        publish(str(tmp_path), "127.0.0.1", busy, token, make_algorithm(load_config(None, [])).spec)
-        assert identity(str(tmp_path), "127.0.0.1", 0) == (token, 0)  # its port is taken now: another
-    assert identity(str(tmp_path), "127.0.0.1", 0) == (token, busy)  # resumed: the same token, the same port
-    assert identity(str(tmp_path), "127.0.0.1", 41000) == (token, 41000)  # unless the config names one
-    assert identity(str(tmp_path / "other"), "127.0.0.1", 0)[0] != token
