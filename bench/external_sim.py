@@ -3,27 +3,18 @@ through `distrl.client` (remote or local inference). Benchmarks and tests start 
 
     python -m bench.external_sim RUN_DIR [--inference local] [--seconds 60] [--seed 0]
 
-It waits for the run's address file, plays episodes until `--seconds` or `--episodes`, and prints one JSON
+It waits for the run's address file (`Client.from_run_dir`), plays episodes until `--seconds` or `--episodes`, and prints one JSON
 line: steps, episodes, seconds, mean return.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 
 import gymnasium as gym
 
 from distrl.client import Client
-
-
-def wait_for(path: str, timeout_s: float) -> None:
-    deadline = time.time() + timeout_s
-    while not os.path.exists(path):
-        if time.time() > deadline:
-            raise SystemExit(f"no {path} within {timeout_s:g} s")
-        time.sleep(0.05)
 
 
 def play(client: Client, env, seconds: float, episodes: int, seed: int) -> dict:
@@ -60,7 +51,6 @@ def main(argv=None) -> None:
     p.add_argument("--weights-interval", type=float, default=2.0)
     p.add_argument("--reconnect", type=float, default=60.0, help="seconds a lost server is waited for")
     a = p.parse_args(argv)
-    wait_for(os.path.join(a.run_dir, "external.json"), 120.0)
     client = Client.from_run_dir(a.run_dir, inference=a.inference, encoding=a.encoding, seed=a.seed,
                                  weights_interval_s=a.weights_interval, reconnect_s=a.reconnect)
     try:

@@ -71,9 +71,13 @@ class Client:
         self._request(lambda: None)  # connect now: a wrong token or address fails here
 
     @classmethod
-    def from_run_dir(cls, run_dir: str, **kwargs) -> "Client":
-        """A client of the run in `run_dir`, from the address and token it wrote (external.json)."""
-        with open(os.path.join(run_dir, "external.json")) as fh:
+    def from_run_dir(cls, run_dir: str, wait_s: float = 120.0, **kwargs) -> "Client":
+        """A client of the run in `run_dir`, from the address and token it wrote (external.json), waited for
+        up to `wait_s`: a simulator may start before the run."""
+        path, deadline = os.path.join(run_dir, "external.json"), time.time() + wait_s
+        while not os.path.exists(path) and time.time() < deadline:
+            time.sleep(0.1)
+        with open(path) as fh:
             info = json.load(fh)
         return cls(f"{info['host']}:{info['port']}", info["token"], **kwargs)
 
