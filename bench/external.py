@@ -33,13 +33,10 @@ SAMPLING_ONLY = ["replay.capacity=3000000", "replay.min_size=3000000"]  # a repl
 def run(config: str, seconds: float, overrides: list[str], clients: int = 0, inference: str = "remote") -> dict:
     run_dir = tempfile.mkdtemp(prefix="bench-external-")
     os.rmdir(run_dir)
-    sims = [subprocess.Popen([sys.executable, "-m", "bench.external_sim", run_dir, "--seconds", str(seconds + 60),
-                              "--seed", str(i), "--inference", inference, "--reconnect", "2"],
-                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-            for i in range(clients)]
-    cmd = [sys.executable, "-m", "distrl.cli", "train", config, "--run-dir", run_dir, "--max-seconds", "600",
+    cmd = [sys.executable, "-m", "distrl.cli", "train", config, "--run-dir", run_dir, "--max-seconds", "900",
            *[f"--set={o}" for o in COMMON + (SAMPLING_ONLY if replayed(config) else []) + overrides]]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    sims = simulators(run_dir, proc, clients, inference) if clients else []
     try:
         sampled_for(run_dir, proc, WARMUP_S + seconds)
         proc.send_signal(signal.SIGINT)  # a clean stop: the summary is written
@@ -50,7 +47,22 @@ def run(config: str, seconds: float, overrides: list[str], clients: int = 0, inf
         for s in sims:
             s.kill()
             s.wait()
+        if proc.poll() is None:
+            proc.kill()
     return steady_rates(run_dir, warmup_s=WARMUP_S)
+
+
+def simulators(run_dir: str, proc: subprocess.Popen, clients: int, inference: str,
+               extra: tuple[str, ...] = ()) -> list[subprocess.Popen]:
+    """`clients` simulator processes, started once the run's server listens (its start-up, under load, varies)."""
+    while not os.path.exists(os.path.join(run_dir, "external.json")):
+        if proc.poll() is not None:
+            raise SystemExit(f"the run in {run_dir} ended before its server started")
+        time.sleep(0.1)
+    return [subprocess.Popen([sys.executable, "-m", "bench.external_sim", run_dir, "--seconds", "100000",
+                              "--seed", str(i), "--inference", inference, "--reconnect", "2", *extra],
+                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for i in range(clients)]
 
 
 def replayed(config: str) -> bool:
@@ -60,10 +72,12 @@ def replayed(config: str) -> bool:
     return algorithm(load_config(config).algo).data_path == "replay"
 
 
-def sampled_for(run_dir: str, proc: subprocess.Popen, seconds: float) -> None:
+def sampled_for(run_dir: str, proc: subprocess.Popen, seconds: float, timeout_s: float = 600.0) -> None:
     """Wait until the run's metrics rows span `seconds` of sampling (start-up, under load, varies)."""
-    path = os.path.join(run_dir, "metrics.csv")
+    path, deadline = os.path.join(run_dir, "metrics.csv"), time.time() + timeout_s
     while proc.poll() is None:
+        if time.time() > deadline:
+            raise SystemExit(f"the run in {run_dir} sampled for less than {seconds:g} s in {timeout_s:g} s")
         time.sleep(0.5)
         rows = list(csv.DictReader(open(path))) if os.path.exists(path) else []
         active = [float(r["wall_s"]) for r in rows if int(r["env_steps"]) > 0]

@@ -17,24 +17,23 @@ import sys
 import tempfile
 
 from bench.common import ROOT, hardware, measured_commit, write_json
+from bench.external import simulators
 
 
 def run(algo: str, clients: int, inference: str, seed: int) -> dict:
     run_dir = tempfile.mkdtemp(prefix="bench-external-learning-")
     os.rmdir(run_dir)
     config = os.path.join(ROOT, "configs", f"{algo}_cartpole.yaml")
-    sims = [subprocess.Popen([sys.executable, "-m", "bench.external_sim", run_dir, "--seconds", "900",
-                              "--seed", str(100 * seed + i), "--inference", inference, "--reconnect", "2",
-                              "--weights-interval", "1"],
-                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for i in range(clients)]
     cmd = [sys.executable, "-m", "distrl.cli", "train", config, "--run-dir", run_dir, "--seed", str(seed),
            "--set=external.enabled=true", "--set=log.progress=false"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    sims = simulators(run_dir, proc, clients, inference, ("--weights-interval", "1"))
     try:
-        subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        proc.communicate(timeout=1200)
     finally:
-        for s in sims:
-            s.kill()
-            s.wait()
+        for p in sims:
+            p.kill()
+            p.wait()
     s = json.load(open(os.path.join(run_dir, "summary.json")))
     return {"algo": algo, "clients": clients, "inference": inference, "seed": seed, "mode": s["mode"],
             "solved": s["solved"], "time_to_solve_s": s["time_to_solve_s"], "env_steps": s["env_steps"],
