@@ -68,7 +68,7 @@ def _record_parser(sub) -> None:
 
 def _export_parser(sub) -> None:
     p = sub.add_parser("export", help="write a run's best policy as an ONNX (or TorchScript) file")
-    p.add_argument("run_dir")
+    p.add_argument("run_dir", help="the run dir whose checkpoints/best.safetensors is exported")
     p.add_argument("--onnx", metavar="FILE", help="ONNX file: obs -> action and the network's outputs")
     p.add_argument("--torchscript", metavar="FILE", help="TorchScript file (torch.jit.load) of the same network")
 
