@@ -97,3 +97,38 @@ def test_the_run_survives_clients_killed_and_added_and_its_server_killed(ray_ses
     assert ext["connections"] >= 4  # 2, the survivor again after the restart, the newcomer
     assert summary["env_steps"] > events["steps_at_server_kill"] + 2000, (summary["env_steps"], events)
     assert "Traceback" not in outs[1][1], outs[1][1][-2000:]  # the survivor reconnected without an error
+
+
+def test_single_modes_server_is_restarted_on_its_port_when_it_fails(tmp_path):
+    """In single mode the server is a thread of the driver: a fault of its own (here its network raising)
+    ends it as a death would; the next gather starts it again, counted, and the client reconnects."""
+    import numpy as np
+
+    from distrl.client import Client
+    from distrl.config import load_config
+    from distrl.runtime.local import LocalRoles
+
+    cfg = load_config(os.path.join(ROOT, "configs", "ppo_cartpole.yaml"), ["external.enabled=true"])
+    roles = LocalRoles(cfg, time.time(), None, str(tmp_path))
+    try:
+        port = roles.server.port
+        client = Client.from_run_dir(str(tmp_path), reconnect_s=30)
+        episode = client.start_episode()
+        client.get_action(episode, np.zeros(4, np.float32))
+
+        def broken(*args):
+            raise RuntimeError("the network is gone")
+
+        roles.server.policy.forward = broken
+        failed = threading.Thread(target=lambda: client.get_action(episode, np.zeros(4, np.float32)))
+        failed.start()  # its request kills the server; the client retries until one answers again
+        time.sleep(1.0)
+        assert not roles.server.alive()
+        roles.gather(True)
+        assert roles.server.alive() and roles.server.port == port and roles.restarts().external == 1
+        failed.join(30)
+        assert not failed.is_alive()
+        client.end_episode(episode, np.zeros(4, np.float32))
+        client.close()
+    finally:
+        roles.close()
