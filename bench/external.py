@@ -57,7 +57,7 @@ def simulators(run_dir: str, proc: subprocess.Popen, clients: int, inference: st
     """`clients` simulator processes, started once the run's server listens (its start-up, under load, varies)."""
     while not os.path.exists(os.path.join(run_dir, "external.json")):
         if proc.poll() is not None:
-            raise SystemExit(f"the run in {run_dir} ended before its server started")
+            raise SystemExit(f"the run in {run_dir} ended before its server started: {proc.stderr.read()[-2000:]}")
         time.sleep(0.1)
     return [subprocess.Popen([sys.executable, "-m", "bench.external_sim", run_dir, "--seconds", "100000",
                               "--seed", str(i), "--inference", inference, "--reconnect", "2", *extra],
