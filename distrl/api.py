@@ -93,6 +93,38 @@ def _best_policy(run_dir: str, cfg: Config):
     return policy, meta
 
 
+def export(run_dir: str, onnx: str | None = None, torchscript: str | None = None) -> dict[str, Any]:
+    """Write the acting network of a run's best checkpoint (the newest weights the evaluator scored best) to
+    `onnx` and/or `torchscript`: obs -> action (greedy) and the policy's outputs. {"files", "outputs",
+    "version"}. ConfigError for a policy that does not export (recurrent) or a file that cannot be written;
+    nothing is left half-written."""
+    from distrl.models.export import ExportError, acting_network, example_batch, onnx_bytes, torchscript_bytes, \
+        write_atomically
+
+    if not onnx and not torchscript:
+        raise ConfigError("export needs --onnx FILE and/or --torchscript FILE")
+    cfg = _run_config(run_dir)
+    policy, meta = _best_policy(run_dir, cfg)
+    try:
+        module = acting_network(policy)
+    except ExportError as e:
+        raise ConfigError(f"{run_dir}: {cfg.algo}'s policy cannot be exported: {e}") from None
+    example = example_batch(policy.spec.observation_space)
+    written = {}
+    for path, write in ((onnx, onnx_bytes), (torchscript, torchscript_bytes)):
+        if path:
+            try:
+                data = write(module, example)  # built before anything is written: a failure leaves no file
+            except ImportError as e:  # torch's ONNX exporter needs the onnx package
+                raise ConfigError(f"--onnx needs the onnx package ({e}): pip install distrl[onnx]") from None
+            try:
+                write_atomically(path, data)
+            except OSError as e:
+                raise ConfigError(f"cannot write {path}: {e.strerror or e}") from None
+            written[path] = len(data)
+    return {"files": written, "outputs": ["action", *module.names], "version": meta.get("version")}
+
+
 def evaluate(run_dir: str, episodes: int = 20, seed: int = 12345, video: str | None = None) -> dict[str, Any]:
     """Greedy episodes with a run's best checkpoint: {"env", "returns", "mean", "std", "version"}; `video`:
     an mp4 path to film them into, one after another (then "frames" too).

@@ -1,4 +1,4 @@
-"""`distrl train | resume | eval | record | config | timeline | report | plot | tune`: the command line. User mistakes -> one line on stderr, exit 2."""
+"""`distrl train | resume | eval | record | export | config | timeline | report | plot | tune`: the command line. User mistakes -> one line on stderr, exit 2."""
 from __future__ import annotations
 
 import time
@@ -64,6 +64,22 @@ def _record_parser(sub) -> None:
     p.add_argument("--epsilon", type=float, default=0.0, help="replace each action by a random one with this probability")
     p.add_argument("--explore", action="store_true", help="act with the policy's own exploration (sampling)")
     p.add_argument("--seed", type=int, default=12345, help="seed of the recording envs")
+
+
+def _export_parser(sub) -> None:
+    p = sub.add_parser("export", help="write a run's best policy as an ONNX (or TorchScript) file")
+    p.add_argument("run_dir", help="the run dir whose checkpoints/best.safetensors is exported")
+    p.add_argument("--onnx", metavar="FILE", help="ONNX file: obs -> action and the network's outputs")
+    p.add_argument("--torchscript", metavar="FILE", help="TorchScript file (torch.jit.load) of the same network")
+
+
+def cmd_export(args) -> int:
+    from distrl.api import export
+
+    out = export(args.run_dir, args.onnx, args.torchscript)
+    for path, size in out["files"].items():
+        print(f"{path}: {size} bytes, outputs {', '.join(out['outputs'])} (checkpoint version {out['version']})")
+    return 0
 
 
 def _config_parser(sub) -> None:
@@ -248,6 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     _eval_parser(sub)
     _record_parser(sub)
     _config_parser(sub)
+    _export_parser(sub)
     _observe_parsers(sub)
     _tune_parser(sub)
     return parser
@@ -271,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         args = parser.parse_args(argv)
-        commands = {"train": cmd_train, "resume": cmd_resume, "eval": cmd_eval, "record": cmd_record, "config": cmd_config,
+        commands = {"train": cmd_train, "resume": cmd_resume, "eval": cmd_eval, "record": cmd_record, "config": cmd_config, "export": cmd_export,
                     "timeline": cmd_timeline, "report": cmd_report, "plot": cmd_plot, "tune": cmd_tune}
         return commands[args.command](args)
     except (UsageError, ConfigError, CheckpointError, DatasetError) as e:

@@ -81,6 +81,7 @@ class FragmentInfo:
     fragment_id: int = 0  # unique per fragment: links its transfer to the replay server in traces
     episodes: list = field(default_factory=list)  # whole episodes that ended, when the run records them (log.dataset)
     statistics: dict | None = None  # env.normalize: RunningStats of the raw rows recorded for this fragment
+    counts: dict = field(default_factory=dict)  # a simulator server's events since its last fragment (clients: a gauge)
 
 
 @dataclass
@@ -120,6 +121,13 @@ class Policy(abc.ABC):
 
     def initial_state(self, rows: int) -> np.ndarray | None:
         """The recurrent state of `rows` envs at an episode start; None for a feedforward policy."""
+        return None
+
+    def acting_rule(self) -> Any:
+        """How `act` picks actions from `forward`'s outputs (a `distrl.sampling.ActingRule`, with this
+        policy's exploration as it stands now), for whatever runs the network outside this process (a
+        simulator acting locally, an exported file); None when acting needs more than one `forward` of
+        the observation (a recurrent state)."""
         return None
 
     def place(self, device: str) -> None:
@@ -224,6 +232,9 @@ class Algorithm(abc.ABC):
     """The torso `model.torso: auto` picks for image observations (auto: by image size)."""
     offline: bool = False
     """Learns from a dataset only (`data.dataset`), with no rollout workers (`Algorithm.dataset_items`)."""
+    external: bool = False
+    """Learns from simulators that own their loop (`external.enabled`): its policy acts on one observation
+    at a time with no state but its exploration, and its workers send experience, not gradients."""
 
     def __init__(self, spec: EnvSpec, cfg: Any, model: Any, seed: int = 0, sequence: Any = None):
         self.spec, self.cfg, self.model, self.seed, self.sequence = spec, cfg, model, seed, sequence
@@ -317,6 +328,7 @@ class Restarts:
     inference: int = 0     # the inference server (rollout.inference: central)
     gradient_workers: int = 0  # learner.num_gradient_workers' actors
     replay_refilled: int = 0  # items restarted replay servers got back from the newest checkpoint
+    external: int = 0  # the simulator server (external.enabled)
 
 
 RunState = dict[str, Any]

@@ -74,3 +74,35 @@ def test_normalizing_observations_that_are_not_a_box_is_one_line_naming_the_key(
 
     with pytest.raises(ConfigError, match=r"^config key 'env.normalize': env.normalize.obs needs a Box"):
         validate(load_config(None, ["algo=ppo", "mode=single", "env.id=Blackjack-v1", "env.normalize.obs=true"]))
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["algo=r2d2"], "'external.enabled': r2d2 cannot learn from external simulators: it acts with a recurrent state"),
+    (["algo=a3c"], "a3c cannot learn from external simulators: its workers send gradients"),
+    (["algo=bc", "data.dataset=nowhere"], "bc cannot learn from external simulators: it learns from a dataset only"),
+    (["external.action_space={type: discrete, n: 3}"], "'external.action_space': Discrete(3) is not CartPole-v1's"),
+    (["external.observation_space={type: box, shape: [5]}"], "'external.observation_space': Box("),
+    (["external.observation_space={type: cube}"], "'external.observation_space.type': discrete or box"),
+    (["external.action_space={n: 0}"], "'external.action_space.n': a positive integer"),
+    (["external.observation_space={shape: [4], low: [1, 2]}"], "'external.observation_space.low': a number or a list"),
+    (["env.id=ALE/Pong-v5", "env.preset=atari"], "'env.id': ALE/Pong-v5 stacks frames"),
+    (["external.host=192.0.2.1"], "'external.host': the simulator server cannot listen on 192.0.2.1:0"),
+])
+def test_an_external_section_that_cannot_run_is_one_line_naming_its_key(overrides, message):
+    from distrl.checks import validate
+
+    with pytest.raises(ConfigError) as e:
+        validate(load_config(None, ["external.enabled=true", "mode=single", *overrides]))
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_declared_spaces_equal_to_the_envs_pass():
+    from distrl.checks import validate
+
+    validate(load_config(None, ["external.enabled=true", "mode=single", "external.action_space={type: discrete, n: 2}",
+                                "external.observation_space={type: box, shape: [4]}"]))  # its bounds: no input
+    validate(load_config(None, ["external.enabled=true", "mode=single", "algo=sac", "env.id=Pendulum-v1",
+                                "external.action_space={type: box, shape: [1], low: -2, high: 2}"]))
+    with pytest.raises(ConfigError, match="'external.action_space'"):  # an action's bounds scale the actions
+        validate(load_config(None, ["external.enabled=true", "mode=single", "algo=sac", "env.id=Pendulum-v1",
+                                    "external.action_space={type: box, shape: [1], low: -1, high: 1}"]))

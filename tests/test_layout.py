@@ -11,9 +11,11 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "distrl")
 
-# cli -> api -> runtime -> roles -> (algos, models, replay, envs, checkpoint, observe, data) -> core layer.
+# cli -> api -> runtime -> roles -> (algos, models, replay, envs, checkpoint, observe, data) -> core layer (with
+# distrl.client, a simulator's side, and distrl.sampling, the acting rules it shares with the policies).
 LAYERS = [
-    {"distrl.core", "distrl.acting", "distrl.config", "distrl.registry", "distrl.threads", "distrl.version"},
+    {"distrl.core", "distrl.acting", "distrl.config", "distrl.registry", "distrl.threads", "distrl.version",
+     "distrl.sampling", "distrl.client"},
     {"distrl.algos", "distrl.models", "distrl.replay", "distrl.envs", "distrl.checkpoint", "distrl.observe", "distrl.data"},
     {"distrl.roles"},
     {"distrl.runtime"},

@@ -39,6 +39,7 @@ class A2CLearner(ActorCriticLearner):
 
 class A2C(ActorCriticAlgorithm):
     name = "a2c"
+    external = True
     config = GAEConfig
     modes = ("single", "sync")
     learner_cls, policy_cls = A2CLearner, ActorCriticPolicy

@@ -16,13 +16,14 @@ from torch import nn
 from torch.nn import functional as F
 
 from distrl.algos.common import NetworkAlgorithm, NetworkPolicy, as_tensors, nstep_items, step_report, stored_obs
-from distrl.algos.qlearning import DuelingHead, QLearningConfig, TargetNetworkState, epsilon_greedy, worker_epsilon
+from distrl.algos.qlearning import DuelingHead, QLearningConfig, TargetNetworkState, worker_epsilon
 from distrl.algos.sharding import ShardedLearner
 from distrl.config.fields import f
 from distrl.config.sections import ModelConfig
 from distrl.core import Batch, Learner, Trajectory
 from distrl.models import make_torso
 from distrl.replay.frames import FrameEncoder, frame_transitions
+from distrl.sampling import EpsilonGreedy
 
 
 @dataclass
@@ -98,9 +99,14 @@ class DQNPolicy(NetworkPolicy):
     def observe_steps(self, env_steps: int) -> None:
         self.env_steps = env_steps
 
+    def acting_outputs(self) -> tuple[str, ...]:
+        return ("q",)
+
+    def acting_rule(self) -> EpsilonGreedy:
+        return EpsilonGreedy(self.epsilon)
+
     def act(self, obs: np.ndarray, explore: bool):
-        q = self.infer(obs)["q"]
-        return epsilon_greedy(q, self.epsilon, self.rng if explore else None), {"q": q}
+        return self.acting_rule().act(self.infer(obs), self.rng, explore)
 
     def postprocess(self, traj: Trajectory) -> tuple[Batch, np.ndarray]:
         T, E = traj.rewards.shape
@@ -140,6 +146,7 @@ class DQNPolicy(NetworkPolicy):
 
 class ApexDQN(NetworkAlgorithm):
     name = "apex_dqn"
+    external = True
     config = ApexDQNConfig
     model_config = ModelConfig
     model_defaults = {"hidden": [64, 64]}

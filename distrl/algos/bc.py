@@ -24,6 +24,7 @@ from distrl.config.fields import f
 from distrl.config.sections import ModelConfig
 from distrl.core import Batch, Learner, Trajectory
 from distrl.models import make_torso
+from distrl.sampling import Categorical, Gaussian
 
 
 @dataclass
@@ -93,6 +94,14 @@ class BCPolicy(NetworkPolicy):
 
     def forward(self, obs, state: None):
         return {"out": self.run("forward", obs)}, None
+
+    def acting_outputs(self) -> tuple[str, ...]:
+        return ("out",)
+
+    def acting_rule(self):
+        """Its greedy action as a rule (an exported file's): the argmax, or the Box action it predicts. (Its
+        exploring samples are its own: BC's workers never feed a replay.)"""
+        return Categorical() if self.scaler is None else Gaussian(self.scaler)
 
     def act(self, obs, explore: bool):
         out = self.infer(obs)["out"]

@@ -2,8 +2,6 @@
 steps, action scaling and the storage form of observations (no ray, no env code)."""
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 from gymnasium import spaces
@@ -13,27 +11,7 @@ from distrl.envs.normalize import STATISTICS_PREFIX, network_weights
 from distrl.models import as_input, laid_out_as, load_numpy_weights
 from distrl.models.numpy_run import Program, numpy_program
 from distrl.replay import nstep_transitions
-
-HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)  # log of the standard normal density's normaliser
-
-
-class BoxScaler:
-    """[-1, 1]^d <-> the env's Box bounds (computed in float64, clipped against rounding)."""
-
-    def __init__(self, space):
-        self.low = np.asarray(space.low, np.float64).reshape(-1)
-        self.high = np.asarray(space.high, np.float64).reshape(-1)
-        self.half = (self.high - self.low) / 2.0
-        self.shape, self.dtype = tuple(space.shape), space.dtype
-
-    def to_env(self, a: np.ndarray) -> np.ndarray:
-        env_a = np.clip(self.low + (a + 1.0) * self.half, self.low, self.high)
-        return env_a.astype(self.dtype, copy=False).reshape(len(a), *self.shape)
-
-    def to_unit(self, env_a: np.ndarray) -> np.ndarray:
-        a = (np.asarray(env_a, np.float64).reshape(len(env_a), -1) - self.low) / self.half - 1.0
-        return np.clip(a, -1.0, 1.0).astype(np.float32)
-
+from distrl.sampling import HALF_LOG_2PI, BoxScaler  # noqa: F401 - the algorithms' names for them
 
 def spec_problem(name: str, spec, actions: tuple[str, ...], vector_only: bool = False) -> str | None:
     """Why algorithm `name` can't run on `spec` (the action kinds it takes; a Box observation, flat if
@@ -76,7 +54,14 @@ def nstep_items(traj: Trajectory, gamma: float, n_step: int) -> tuple[Batch, np.
 
 class NetworkPolicy(Policy):
     """A policy acting with its algorithm's network (`Algorithm.build_network`): the module the learner
-    trains, loaded from published weights, run under `torch.inference_mode()`."""
+    trains, loaded from published weights, run under `torch.inference_mode()`. `forward`'s outputs are
+    `self.net.<acting_method>(obs)`, named `acting_outputs()` in the order the method returns them."""
+
+    acting_method = "forward"
+
+    def acting_outputs(self) -> tuple[str, ...]:
+        """The names of `acting_method`'s outputs, in its order (what an exported file calls them)."""
+        raise NotImplementedError(f"{type(self).__name__} names no acting outputs")
 
     def __init__(self, algo: Algorithm, worker_index: int, num_workers: int, seed: int):
         self.cfg, self.spec = algo.cfg, algo.spec

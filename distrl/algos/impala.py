@@ -60,6 +60,7 @@ class ImpalaLearner(ActorCriticLearner):
 
 class Impala(ActorCriticAlgorithm):
     name = "impala"
+    external = True
     config = ImpalaConfig
     gradient_workers = True
     learner_cls, policy_cls = ImpalaLearner, ActorCriticPolicy

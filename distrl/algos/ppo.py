@@ -116,6 +116,7 @@ class PPOLearner(ActorCriticLearner):
 
 class PPO(ActorCriticAlgorithm):
     name = "ppo"
+    external = True
     config = PPOConfig
     gradient_workers = True
     learner_cls, policy_cls = PPOLearner, ActorCriticPolicy

@@ -5,13 +5,13 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch import nn
 
 from distrl.algos.capture import GraphedStep, capturable, static_shapes
 from distrl.algos.common import adam, as_tensors, guarded_step, load_optimizer_state, step_report
 from distrl.config.fields import f
+from distrl.sampling import epsilon_greedy  # noqa: F401 - the Q-learning algorithms' name for it
 
 
 @dataclass
@@ -48,17 +48,6 @@ def worker_epsilon(cfg: EpsilonGreedyConfig, worker_index: int, num_workers: int
         frac = min(1.0, env_steps / cfg.eps_decay_steps)
         return cfg.eps_start + frac * (cfg.eps_end - cfg.eps_start)
     return cfg.eps ** (1.0 + cfg.eps_alpha * worker_index / (num_workers - 1))
-
-
-def epsilon_greedy(q: np.ndarray, epsilon: float, rng: np.random.Generator | None) -> np.ndarray:
-    """argmax over the last axis of `q`, each replaced with probability `epsilon` by a uniform action
-    (no RNG: greedy)."""
-    actions = q.argmax(axis=-1)
-    if rng is None or epsilon <= 0.0:
-        return actions
-    shape = actions.shape
-    random = rng.random(shape) < epsilon
-    return np.where(random, rng.integers(0, q.shape[-1], shape), actions)
 
 
 class DuelingHead(nn.Module):

@@ -27,6 +27,7 @@ from distrl.config.fields import f
 from distrl.config.sections import ModelConfig
 from distrl.core import Batch, Learner, Trajectory
 from distrl.models import StackedLinear, make_ensemble, make_torso
+from distrl.sampling import SquashedGaussian
 
 
 @dataclass
@@ -211,7 +212,6 @@ class SACPolicy(NetworkPolicy):
     def __init__(self, algo: SAC, worker_index: int, num_workers: int, seed: int):
         super().__init__(algo, worker_index, num_workers, seed)
         self.scaler = BoxScaler(algo.spec.action_space)
-        self.act_dim = int(np.prod(algo.spec.action_space.shape))
         self.random_steps = self.uniform_steps(num_workers)
         self.env_steps = 0
 
@@ -226,16 +226,14 @@ class SACPolicy(NetworkPolicy):
     def observe_steps(self, env_steps: int) -> None:
         self.env_steps = env_steps
 
+    def acting_outputs(self) -> tuple[str, ...]:
+        return ("mean", "log_std")
+
+    def acting_rule(self) -> SquashedGaussian:
+        return SquashedGaussian(self.scaler, uniform=self.env_steps < self.random_steps)
+
     def act(self, obs: np.ndarray, explore: bool):
-        n = len(obs)
-        if explore and self.env_steps < self.random_steps:
-            a = self.rng.uniform(-1.0, 1.0, (n, self.act_dim))
-        else:
-            net = self.infer(obs)
-            mean, log_std = net["mean"], net["log_std"]
-            u = mean + np.exp(log_std) * self.rng.standard_normal(mean.shape) if explore else mean
-            a = np.tanh(u)
-        return self.scaler.to_env(a), {}
+        return self.acting_rule().act(self.infer(obs), self.rng, explore)
 
     def postprocess(self, traj: Trajectory) -> tuple[Batch, None]:
         items, _ = nstep_items(traj, self.cfg.gamma, self.cfg.n_step)
@@ -245,6 +243,7 @@ class SACPolicy(NetworkPolicy):
 
 class SAC(NetworkAlgorithm):
     name = "sac"
+    external = True
     config = SACConfig
     model_config = ModelConfig
     model_defaults = {"hidden": [256, 256]}

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 from distrl.config.fields import MODES, ConfigError, f
 from distrl.config.parse import apply_overrides, build, describe, dump_yaml, read_yaml, to_dict
-from distrl.config.sections import (AsyncConfig, CheckpointConfig, DataConfig, EnvConfig, EvalConfig, FaultConfig,
-                                    LearnerConfig, LogConfig, PlacementConfig, QueueConfig, ReplayConfig,
+from distrl.config.sections import (AsyncConfig, CheckpointConfig, DataConfig, EnvConfig, EvalConfig, ExternalConfig,
+                                    FaultConfig, LearnerConfig, LogConfig, PlacementConfig, QueueConfig, ReplayConfig,
                                     RolloutConfig, SequenceConfig, StopConfig)
 from distrl.registry import ALGORITHMS, algorithm
 
@@ -41,6 +41,7 @@ class Config:
     seed: int = f(0, "base seed; worker i uses seed + i, the evaluator seed + 10_000", lo=0, hi=2**31 - 1)
     device: str = f("auto", "learner and central inference server device: auto | cpu | cuda | cuda:N")
     env: EnvConfig = section(EnvConfig, "environment")
+    external: ExternalConfig = section(ExternalConfig, "simulators that own their loop, through a server the run starts")
     rollout: RolloutConfig = section(RolloutConfig, "rollout workers")
     data: DataConfig = section(DataConfig, "offline training: where the experience comes from instead of workers")
     learner: LearnerConfig = section(LearnerConfig, "learner")

@@ -46,6 +46,28 @@ class EnvConfig:
 
 
 @dataclass
+class ExternalConfig:
+    """Simulators that own their loop: the run starts a server they connect to with `distrl.client` or the
+    protocol (docs/reference/protocol.md), and their experience goes where rollout workers' goes."""
+
+    enabled: bool = f(False, "start the simulator server: experience comes from clients that connect with the run's "
+                      "token (RUN_DIR/external.json); own rollout workers run only with with_workers")
+    host: str = f("127.0.0.1", "address the server listens on (0.0.0.0: every interface, for simulators on other "
+                  "machines); it runs on the driver's machine")
+    port: int = f(0, "TCP port (0: a free one, chosen at the start, kept across the server's restarts and written "
+                  "to RUN_DIR/external.json)", lo=0, hi=65535)
+    observation_space: dict | None = f(None, "what simulators observe: {type: box, shape: [4], dtype: float32, "
+                                       "low: -.inf, high: .inf} (null: env.id's)")
+    action_space: dict | None = f(None, "what simulators take: {type: discrete, n: 2} or {type: box, shape: [1], "
+                                  "low: -2, high: 2} (null: env.id's)")
+    with_workers: bool = f(False, "also run `workers` rollout workers on env.id beside the simulators")
+    max_clients: int = f(16, "simulators connected at once; each takes an exploration slot (Ape-X's per-worker "
+                         "epsilon over max_clients slots)", lo=1, hi=4096)
+    max_message_bytes: int = f(16 * 2**20, "largest message a client may send; a larger one is refused and its "
+                               "connection closed", lo=1024, hi=2**31 - 1)
+
+
+@dataclass
 class RolloutConfig:
     fragment_length: int = f(16, "steps per environment in one fragment sent by a worker", lo=1, hi=100_000)
     inference: str = f("local", "where the workers' network runs: local (in each worker) | central (one "

@@ -8,8 +8,11 @@ from distrl.registry import algorithm
 from distrl.threads import one_compute_thread
 
 
-def spec_of(env_cfg, multi_agent: bool) -> EnvSpec:
-    """What the configured env gives one agent: the spaces a policy and a learner are built for."""
+def spec_of(env_cfg, multi_agent: bool, external=None) -> EnvSpec:
+    """What the configured env gives one agent: the spaces a policy and a learner are built for; with
+    `external` (the section) enabled, the spaces it declares stand in for env.id's."""
+    if external is not None and external.enabled:
+        return external_spec(env_cfg, external)
     if not multi_agent:
         return env_spec(env_cfg.id, env_cfg.kwargs, wrappers=env_cfg.wrappers, preset=env_cfg.preset,
                         normalize=env_cfg.normalize)
@@ -20,6 +23,18 @@ def spec_of(env_cfg, multi_agent: bool) -> EnvSpec:
         return EnvSpec(env.observation_space, env.action_space, env.num_agents)
     finally:
         env.close()
+
+
+def external_spec(env_cfg, external) -> EnvSpec:
+    """External simulators' spaces: those the `external` section declares, env.id's for the others."""
+    from distrl.envs.spaces import space_from_data
+
+    declared = {side: space_from_data(getattr(external, f"{side}_space"), f"external.{side}_space")
+                for side in ("observation", "action") if getattr(external, f"{side}_space") is not None}
+    if len(declared) < 2:
+        spec = env_spec(env_cfg.id, env_cfg.kwargs, wrappers=env_cfg.wrappers, preset=env_cfg.preset)
+        declared = {"observation": spec.observation_space, "action": spec.action_space, **declared}
+    return EnvSpec(declared["observation"], declared["action"])
 
 
 def make_vector_env(env_id: str, num_envs: int, seed: int, kwargs: dict | None, is_multi_agent: bool, *,
@@ -48,7 +63,7 @@ def make_rollout(cfg, policy, seed: int, worker_index: int):
 def make_algorithm(cfg, spec: EnvSpec | None = None) -> Algorithm:
     """The configured algorithm, holding the parts of the config it reads (`spec`: the env's, if known)."""
     cls = algorithm(cfg.algo)
-    spec = spec or spec_of(cfg.env, cls.multi_agent)
+    spec = spec or spec_of(cfg.env, cls.multi_agent, cfg.external)
     return cls(spec, cfg.algo_config, cfg.model, cfg.seed, getattr(cfg, "sequence", None))
 
 

@@ -42,6 +42,7 @@ class Counters:
     dropped: int = 0
     worker_restarts: int = 0
     restarts: dict = field(default_factory=dict)  # per role, as summary.json's Restarts: what a resume adds to
+    external: dict = field(default_factory=dict)  # the simulator server's counts (clients: connected now)
     fragments_dropped: int = 0
     env_errors: int = 0
     episodes: int = 0

@@ -156,6 +156,10 @@ class Driver:
         note_restarts(self.c, self.roles.restarts())
         self.c.inserts += sum(info.items for info in gathered.infos)
         for info in gathered.infos:
+            for name, n in info.counts.items():  # a simulator server's (clients: a gauge)
+                self.c.external[name] = n if name == "clients" else self.c.external.get(name, 0) + n
+            if not info.env_steps:  # a simulator server's call that found no fragment
+                continue
             if self.dataset is not None:
                 self.dataset.add(info.episodes)
             self.c.env_errors += info.env_errors

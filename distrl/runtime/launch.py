@@ -114,7 +114,7 @@ def _write_config(cfg: Config, run_dir: str) -> None:
 
 
 # What a resume may change: how long and how the run goes on, not what the checkpoint's state is.
-RESUMABLE_SECTIONS = ("stop.", "log.", "eval.", "checkpoint.", "fault.", "async.", "placement.")
+RESUMABLE_SECTIONS = ("stop.", "log.", "eval.", "checkpoint.", "fault.", "async.", "placement.", "external.")
 RESUMABLE_KEYS = {"workers", "mode", "device", "learner.batches_per_call", "learner.publish_interval",
                   "replay.samples_per_insert", "replay.error_buffer", "replay.beta_steps",
                   "learner.num_gradient_workers"}

@@ -18,6 +18,8 @@ from distrl.runtime.local_eval import LocalEvaluator
 from distrl.runtime.pacing import experience_spec, learner_loop, make_experience, thread_choice
 from distrl.threads import one_compute_thread
 
+SERVER_WAIT_S = 0.05  # with no worker of its own, a gather waits this long for the simulator server's fragment
+
 
 class LocalRoles(Roles):
     """Every role in this process except the evaluator."""
@@ -40,9 +42,14 @@ class LocalRoles(Roles):
         self.loop = learner_loop(learner, cfg.algo, cfg.learner, LocalIO(self.experience, self.policy),
                                  threads=thread_choice(cfg, str(learner.device)))
         self.loop.publish()
-        # An offline run's replay holds its dataset: no env is stepped but the evaluator's.
-        self.rollout = None if cfg.data.dataset else make_rollout(cfg, self.policy, cfg.seed, 0)
+        # An offline run's replay holds its dataset: no env is stepped but the evaluator's; external simulators
+        # stand in for the worker unless asked beside it.
+        own = not cfg.data.dataset and (cfg.external.with_workers or not cfg.external.enabled)
+        self.rollout = make_rollout(cfg, self.policy, cfg.seed, 0) if own else None
         self.timings = {"env_s": 0.0, "inference_s": 0.0, "learner_s": 0.0}
+        self.run_dir, self.server, self.server_restarts = run_dir, None, 0
+        if cfg.external.enabled:
+            self._start_server(cfg.external.port)
 
     def get_state(self) -> RunState:
         max_bytes = self.cfg.checkpoint.max_replay_bytes
@@ -66,14 +73,45 @@ class LocalRoles(Roles):
     def gather(self, allow_sampling: bool) -> Gathered:
         if self.lost is not None:
             raise self.lost
-        if not allow_sampling or self.rollout is None:  # the learner is behind, or there are no workers
+        if not allow_sampling:  # the learner is behind (a simulator server holds its clients back meanwhile)
             return Gathered()
-        frag = self.rollout.sample()
-        self.experience.add(frag.data, frag.priorities, frag.info.fragment_id)
-        self.loop.add_statistics(frag.info.statistics)
-        for k, v in frag.info.timings.items():
-            self.timings[k] += v
-        return Gathered([frag.info], ready=1)
+        frags = [self.rollout.sample()] if self.rollout is not None else []
+        if self.server is not None:
+            frags.append(self._take(0.0 if frags else SERVER_WAIT_S))
+        for frag in frags:
+            if frag.data is not None:  # a server's empty fragment carries only its counts
+                self.experience.add(frag.data, frag.priorities, frag.info.fragment_id)
+            self.loop.add_statistics(frag.info.statistics)
+            for k, v in frag.info.timings.items():
+                self.timings[k] += v
+        return Gathered([f.info for f in frags], ready=sum(f.data is not None for f in frags))
+
+    # --- the simulator server (external.enabled): a thread of this process ----------------
+    def _start_server(self, port: int) -> None:
+        from distrl.roles.external_address import identity, publish
+        from distrl.roles.external_server import SimulatorServer
+
+        ext = self.cfg.external
+        token, port = identity(self.run_dir, ext.host, port) if self.run_dir else ("", port)
+        self.server = SimulatorServer(self.cfg, token, port, self._published, worker_index=1)
+        if self.run_dir:
+            publish(self.run_dir, ext.host, self.server.port, token, self.server.algo.spec)
+
+    def _published(self, version: int):
+        weights, newest = self.loop.io.published
+        return None if weights is None or newest == version else (newest, weights)
+
+    def _take(self, timeout_s: float):
+        """The server's next fragment; a server that failed is started again (counted), as Ray restarts a
+        dead role, on its port: its simulators reconnect."""
+        try:
+            return self.server.take(timeout_s)
+        except RuntimeError:
+            port = self.server.port
+            self.server.close()
+            self.server_restarts += 1
+            self._start_server(port)
+            return self.server.take(0.0)
 
     def train(self, budget: int, final: bool = False) -> list[TrainStats]:
         if budget <= 0:
@@ -108,7 +146,7 @@ class LocalRoles(Roles):
             self.evaluator.check(restart=not exact)
         except RoleLost as e:
             self.lost = self.lost or e
-        return plus(self.restarts_before, Restarts(evaluator=self.evaluator.restarts))
+        return plus(self.restarts_before, Restarts(evaluator=self.evaluator.restarts, external=self.server_restarts))
 
     def time_breakdown(self) -> dict[str, float]:
         return dict(self.timings)
@@ -120,4 +158,6 @@ class LocalRoles(Roles):
         return [tracer().drain(), *([evaluator] if evaluator else [])]
 
     def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
         self.evaluator.close()

@@ -46,17 +46,25 @@ def pacing(cfg: Config) -> Pacing:
     gather = cfg.rollout.fragment_length * cfg.env.num_envs
     if path == "sequence":
         gather = -(-gather // cfg.sequence.period)
-    gather *= cfg.workers if cfg.mode == "sync" else 1
+    sources = fragment_sources(cfg)
+    gather *= sources if cfg.mode == "sync" else 1
     if path == "gradients":
         fragments = 1
     else:
-        fragments = lc.fragments_per_update or (1 if cfg.mode == "single" else cfg.workers)
+        fragments = lc.fragments_per_update or (1 if cfg.mode == "single" else sources)
     r = cfg.replay if path in ("replay", "sequence") else None
     if r is None:
         return Pacing(gather, fragments, None, None, None)
     buffer = r.error_buffer if r.error_buffer is not None else \
         r.samples_per_insert * gather + lc.batch_size * lc.batches_per_call
     return Pacing(gather, fragments, r.samples_per_insert, r.min_size, buffer)
+
+
+def fragment_sources(cfg: Config) -> int:
+    """What sends fragments in the Ray modes: the rollout workers, a simulator server in their stead, or both
+    (external.with_workers)."""
+    ext = cfg.external
+    return (cfg.workers if ext.with_workers or not ext.enabled else 0) + int(ext.enabled)
 
 
 @dataclass(frozen=True)

@@ -86,7 +86,8 @@ class RayRoles(Roles):
     def gather(self, allow_sampling: bool) -> Gathered:
         self._tick()
         pairs, failed, ready, late = self.pool.gather(allow_sampling, between=self._tick)  # a sync wait too
-        adds = [self.replay.add.remote(data_ref) for _, data_ref in pairs]
+        adds = [self.replay.add.remote(data_ref) for info, data_ref in pairs if info.env_steps]  # a simulator
+        # server's call that found no fragment carries only its counts
         if self.pool.gatherer.waits_for_learner and adds:
             try:
                 self._get(adds, "replay")  # the learner must see this data before it trains
@@ -351,7 +352,7 @@ class RayRoles(Roles):
             workers=self.pool.restarts, evaluator=count("evaluator"), replay=count("replay"), learner=count("learner"),
             parameter_server=count("parameter_server"), workers_lost=len(self.pool.lost),
             inference=count("inference"), gradient_workers=count("gradient_workers"),
-            replay_refilled=self.replay_refilled))
+            replay_refilled=self.replay_refilled, external=t.restarts("external") if t.readable else 0))
 
     def time_breakdown(self) -> dict[str, float]:
         return dict(self.timings)

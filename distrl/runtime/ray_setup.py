@@ -168,7 +168,10 @@ def roster(cfg, clustered: bool) -> Roster:
     counts = dict.fromkeys(ROLES, 1)
     counts["gradient_workers"] = cfg.learner.num_gradient_workers if cfg.learner.num_gradient_workers > 1 else 0
     counts["inference"] = int(cfg.rollout.inference == "central")
-    counts["workers"] = 0 if cfg.data.dataset else cfg.workers  # an offline run's replay holds its dataset
+    # An offline run's replay holds its dataset; external simulators stand in for workers unless asked beside them.
+    own = not cfg.data.dataset and (cfg.external.with_workers or not cfg.external.enabled)
+    counts["workers"] = cfg.workers if own else 0
+    counts["external"] = int(cfg.external.enabled)
     device = resolve_device(cfg.device)
     return Roster(counts, role_resources(cfg.placement, bool(counts["inference"]), clustered, device), device)
 

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import pickle
 
+import ray
+
 from distrl.config import ConfigError, to_dict
-from distrl.roles.factory import trace_settings
+from distrl.roles.factory import spec_of, trace_settings
 from distrl.runtime.actors import Evaluator, GradientWorker, Learner, ParameterServer, ReplayServer, RolloutWorker
+from distrl.runtime.external import ExternalServer
 from distrl.runtime.inference import InferenceServer
 from distrl.runtime.pacing import experience_spec
 from distrl.runtime.ray_setup import (Roster, actor_options, heap_runtime_env, in_bundle, next_to, pack_group, roster,
@@ -83,6 +86,8 @@ def start_roles(roles, cfg, start_time: float, address: str | None, eval_resume:
     _start_workers(roles, plan, place, d, names, cfg.fault, cfg.placement.workers_strategy, window_s)
     if not address:  # embedded, no role reserves a CPU: workers start alongside the roles
         roles._wait_for_roles()
+    if plan.counts["external"]:
+        _publish_server(roles)
 
 
 def _start_workers(roles, plan: Roster, place: dict, d: dict, names: dict, fault, strategy: str,
@@ -104,4 +109,40 @@ def _start_workers(roles, plan: Roster, place: dict, d: dict, names: dict, fault
     workers = [RolloutWorker.options(**place["workers"], **where[i], max_restarts=fault.max_worker_restarts + 1,
                                      max_task_retries=0).remote(*restartable(d, i, n, names["ps"], *inference))
                for i in range(n)]
-    roles.pool = WorkerPool(workers, fault, window_s, roles.beats)
+    servers = [_start_server(roles, d, n, names["ps"], fault)] if plan.counts["external"] else []
+    roles.pool = WorkerPool(workers + servers, fault, window_s, roles.beats, external=len(servers))
+
+
+def _start_server(roles, d: dict, index: int, ps: str, fault):
+    """The simulator server, worker `index` to the driver: on this node (simulators connect to the address
+    written in the run dir), on a port fixed now so that a restart listens where its clients reconnect."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from distrl.roles.external_address import free_port, identity
+
+    ext = roles.cfg.external
+    token, port = identity(roles.run_dir, ext.host, ext.port)
+    port = free_port(ext.host, port)
+    here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
+    server = ExternalServer.options(num_cpus=0, scheduling_strategy=here, max_restarts=fault.max_role_restarts,
+                                    max_task_retries=0).remote(*restartable(d, index, ps, token, port))
+    roles.external_address = (ext.host, port, token)
+    return server
+
+
+def _publish_server(roles) -> None:
+    """Once the simulator server listens (its constructor has returned), where simulators connect:
+    RUN_DIR/external.json, and the console."""
+    from distrl.roles.external_address import publish
+
+    from ray.exceptions import GetTimeoutError, RayTaskError
+
+    from distrl.core import RoleLost
+    from distrl.runtime.ray_setup import ACTOR_GONE
+
+    host, port, token = roles.external_address
+    try:
+        ray.get(roles.pool.workers[-1].pid.remote(), timeout=roles.cfg.fault.role_timeout_s)
+    except (GetTimeoutError, RayTaskError, *ACTOR_GONE) as e:
+        raise RoleLost(f"the simulator server did not start on {host}:{port}: {str(e).splitlines()[0][:200]}") from None
+    publish(roles.run_dir, host, port, token, spec_of(roles.cfg.env, False, roles.cfg.external))

@@ -77,6 +77,7 @@ def run_summary(d, reason: str, restarts, replay_bytes: float | None = None) -> 
         "learner_restarts": restarts.learner, "parameter_server_restarts": restarts.parameter_server,
         "inference_restarts": restarts.inference, "gradient_worker_restarts": restarts.gradient_workers,
         "workers_lost": restarts.workers_lost, "updates_lost": c.updates_lost,
+        "external_restarts": restarts.external, "external": dict(c.external) if cfg.external.enabled else None,
         "failure": d.failure,
         "policy_lag": policy_lag,
         "rate_limiter": rate_summary(d, wall),

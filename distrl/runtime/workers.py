@@ -22,12 +22,14 @@ from distrl.runtime.ray_setup import ACTOR_GONE
 
 
 class WorkerPool:
-    def __init__(self, workers: list, fault, window_s: float | None, beats: Heartbeats):
-        """`fault`: the config's section; `window_s`: async mode's gather window (None: sync mode)."""
+    def __init__(self, workers: list, fault, window_s: float | None, beats: Heartbeats, external: int = 0):
+        """`fault`: the config's section; `window_s`: async mode's gather window (None: sync mode); the last
+        `external` of `workers` are simulator servers (their restarts count apart, as `external`)."""
         self.workers, self.beats, self.table = workers, beats, beats.table
         for i, w in enumerate(workers):
-            self.table.track(w, "workers", f"worker {i}")
-            beats.watch(f"rollout_worker_{i}", w)
+            server = i >= len(workers) - external
+            self.table.track(w, "external" if server else "workers", "simulator server" if server else f"worker {i}")
+            beats.watch("simulator_server" if server else f"rollout_worker_{i}", w)
         self.timeout_s = fault.worker_timeout_s
         # A call may wait on a role it calls being found hung and restarted before its own fragment's time.
         limit_s = fault.worker_timeout_s + fault.role_timeout_s + fault.start_timeout_s

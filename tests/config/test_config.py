@@ -247,14 +247,18 @@ def test_a_placement_the_cluster_can_host_passes(monkeypatch):
 
 
 @pytest.mark.parametrize("overrides, counts", [
-    (["workers=3"], {"workers": 3, "gradient_workers": 0, "inference": 0}),
+    (["workers=3"], {"workers": 3, "gradient_workers": 0, "inference": 0, "external": 0}),
     (["workers=2", "learner.num_gradient_workers=2", "rollout.inference=central"],
-     {"workers": 2, "gradient_workers": 2, "inference": 1}),
-    (["workers=2", "learner.num_gradient_workers=1"], {"workers": 2, "gradient_workers": 0, "inference": 0}),
+     {"workers": 2, "gradient_workers": 2, "inference": 1, "external": 0}),
+    (["workers=2", "learner.num_gradient_workers=1"], {"workers": 2, "gradient_workers": 0, "inference": 0, "external": 0}),
+    (["workers=2", "external.enabled=true"], {"workers": 0, "gradient_workers": 0, "inference": 0, "external": 1}),
+    (["workers=2", "external.enabled=true", "external.with_workers=true"],
+     {"workers": 2, "gradient_workers": 0, "inference": 0, "external": 1}),
 ])
 def test_the_roster_counts_each_roles_actors_and_what_one_asks_for(overrides, counts):
     """One learner, replay server, parameter server and evaluator; gradient workers only past one; an
-    inference server only for central inference. On a cluster a worker and the learner reserve a CPU."""
+    inference server only for central inference; a simulator server in the workers' stead, or beside
+    them. On a cluster a worker and the learner reserve a CPU."""
     from distrl.runtime.ray_setup import roster
 
     plan = roster(load_config(None, ["mode=sync", "device=cpu"] + overrides), clustered=True)

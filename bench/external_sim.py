@@ -1,0 +1,64 @@
+"""A simulator that owns its loop, as a user's would: a gymnasium env stepped by this process, acting
+through `distrl.client` (remote or local inference). Benchmarks and tests start several as OS processes.
+
+    python -m bench.external_sim RUN_DIR [--inference local] [--seconds 60] [--seed 0]
+
+It waits for the run's address file (`Client.from_run_dir`), plays episodes until `--seconds` or `--episodes`, and prints one JSON
+line: steps, episodes, seconds, mean return.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import gymnasium as gym
+
+from distrl.client import Client
+
+
+def play(client: Client, env, seconds: float, episodes: int, seed: int) -> dict:
+    steps = done = 0
+    returns, start, error = [], time.time(), None
+    try:
+        while time.time() - start < seconds and done < episodes:
+            obs, _ = env.reset(seed=seed + done)
+            episode, total = client.start_episode(), 0.0
+            while True:
+                obs, reward, terminated, truncated, _ = env.step(client.get_action(episode, obs))
+                client.log_returns(episode, reward)
+                steps, total = steps + 1, total + reward
+                if terminated or truncated:
+                    client.end_episode(episode, obs, truncated=truncated and not terminated)
+                    break
+            done += 1
+            returns.append(total)
+    except ConnectionError as e:  # the run ended (its server went away for good)
+        error = str(e)
+    return {"steps": steps, "episodes": done, "seconds": round(time.time() - start, 3),
+            "return_mean": sum(returns[-20:]) / max(1, len(returns[-20:])), "error": error}
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("run_dir")
+    p.add_argument("--env", default="CartPole-v1")
+    p.add_argument("--inference", default="remote", choices=["remote", "local"])
+    p.add_argument("--encoding", default="msgpack", choices=["msgpack", "json"])
+    p.add_argument("--seconds", type=float, default=60.0)
+    p.add_argument("--episodes", type=int, default=10**9)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--weights-interval", type=float, default=2.0)
+    p.add_argument("--reconnect", type=float, default=60.0, help="seconds a lost server is waited for")
+    a = p.parse_args(argv)
+    client = Client.from_run_dir(a.run_dir, inference=a.inference, encoding=a.encoding, seed=a.seed,
+                                 weights_interval_s=a.weights_interval, reconnect_s=a.reconnect)
+    try:
+        out = play(client, gym.make(a.env), a.seconds, a.episodes, a.seed)
+    finally:
+        client.close()
+    print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,283 @@
+"""A simulator's side of a run: `Client` connects to the run's simulator server and trains it from a loop
+the simulator owns (docs/guides/external-simulators.md; the protocol: docs/reference/protocol.md).
+
+    client = Client.from_run_dir("runs/mine")          # or Client("127.0.0.1:40123", token)
+    episode = client.start_episode()
+    action = client.get_action(episode, obs)           # then step the simulator with it
+    client.log_returns(episode, reward)
+    client.end_episode(episode, final_obs)
+
+Two inference modes: `remote` (the server runs the policy and answers each `get_action`) and `local`
+(the client pulls the newest weights as an ONNX file every `weights_interval_s` and acts itself with
+onnxruntime, sending its experience in batches of `send_steps` steps). Imports numpy and msgpack only
+(and onnxruntime for local inference): no torch, no Ray.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import uuid
+
+import numpy as np
+
+from distrl.client import wire
+
+__all__ = ["Client", "ServerError"]
+
+
+class ServerError(Exception):
+    """The server refused a message: `code` says why (docs/reference/protocol.md, errors)."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+
+
+class _Episode:
+    """An open episode on the client: the reward since its last action and, in local inference, its steps
+    not yet sent (each row: obs, action, extras, weights version, reward after the action)."""
+
+    def __init__(self):
+        self.reward = 0.0
+        self.rows: list[tuple] = []
+        self.started = False  # the server knows it (local inference: a batch carried its start)
+        self.end: tuple | None = None  # (final obs, truncated) once ended
+
+
+class Client:
+    def __init__(self, address, token: str, *, inference: str = "remote", encoding: str = "msgpack",
+                 weights_interval_s: float = 10.0, send_steps: int = 256, reconnect_s: float = 60.0,
+                 seed: int | None = None, name: str = ""):
+        """`address`: "host:port" or (host, port). `reconnect_s`: how long a lost connection is retried (the
+        server restarting, or not up yet) before the call raises."""
+        if inference not in ("remote", "local"):
+            raise ValueError(f"inference must be remote or local, got {inference!r}")
+        if encoding not in wire.ENCODINGS:
+            raise ValueError(f"encoding must be one of {wire.ENCODINGS}, got {encoding!r}")
+        host, _, port = address.rpartition(":") if isinstance(address, str) else (address[0], "", address[1])
+        self.address = (host, int(port))
+        self.token, self.inference, self.encoding, self.name = token, inference, encoding, name
+        self.weights_interval_s, self.send_steps, self.reconnect_s = weights_interval_s, send_steps, reconnect_s
+        self.rng = np.random.default_rng(seed)
+        self.sock: socket.socket | None = None
+        self.episodes: dict[str, _Episode] = {}
+        self.actor = None  # local inference: the newest weights as an onnxruntime session (`LocalActor`)
+        self.pulled_at = 0.0
+        self.welcome: dict = {}
+        self.buffered = 0  # local inference: rows held for the next batch
+        self._sent: list[tuple[str, int]] = []  # what the last experience message carried: (episode, steps)
+        self._request(lambda: None)  # connect now: a wrong token or address fails here
+
+    @classmethod
+    def from_run_dir(cls, run_dir: str, wait_s: float = 120.0, **kwargs) -> "Client":
+        """A client of the run in `run_dir`, from the address and token it wrote (external.json), waited for
+        up to `wait_s`: a simulator may start before the run."""
+        path, deadline = os.path.join(run_dir, "external.json"), time.time() + wait_s
+        while not os.path.exists(path) and time.time() < deadline:
+            time.sleep(0.1)
+        with open(path) as fh:
+            info = json.load(fh)
+        return cls(f"{info['host']}:{info['port']}", info["token"], **kwargs)
+
+    @property
+    def observation_space(self) -> dict:
+        return self.welcome["observation_space"]
+
+    @property
+    def action_space(self) -> dict:
+        return self.welcome["action_space"]
+
+    # --- the four calls --------------------------------------------------------------
+    def start_episode(self, episode_id: str | None = None) -> str:
+        episode_id = str(episode_id) if episode_id is not None else uuid.uuid4().hex
+        if episode_id in self.episodes:
+            raise ValueError(f"episode {episode_id!r} is already open")
+        self.episodes[episode_id] = _Episode()
+        if self.inference == "remote":
+            self._request(lambda: {"type": "start_episode", "episode": episode_id})
+            self.episodes[episode_id].started = True
+        return episode_id
+
+    def get_action(self, episode_id: str, obs):
+        """The action to take on `obs` (the server's policy, or this client's copy of it)."""
+        ep = self._open(episode_id)
+        obs = np.asarray(obs, self._obs_dtype())
+        if self.inference == "local":
+            return self._act_locally(ep, obs)
+        reward, ep.reward = ep.reward, 0.0
+        reply = self._request(lambda: {"type": "get_action", "episode": episode_id, "reward": reward,
+                                       "obs": wire.pack_array(obs, self.encoding)})
+        return _action(reply["action"])
+
+    def log_returns(self, episode_id: str, reward: float) -> None:
+        """Add `reward` to what the episode's last action earned."""
+        ep = self._open(episode_id)
+        if self.inference == "local" and ep.rows:
+            obs, action, extras, version, earned = ep.rows[-1]
+            ep.rows[-1] = (obs, action, extras, version, earned + float(reward))
+        else:
+            ep.reward += float(reward)
+
+    def end_episode(self, episode_id: str, obs, truncated: bool = False) -> None:
+        """The episode is over at `obs`: terminated (no value after it), or `truncated` (a time limit: its
+        value is bootstrapped from `obs`)."""
+        ep = self._open(episode_id)
+        obs = np.asarray(obs, self._obs_dtype())
+        if self.inference == "local":
+            ep.end = (obs, bool(truncated))
+            self._send_experience(force=False)
+            return
+        del self.episodes[episode_id]
+        self._request(lambda: {"type": "end_episode", "episode": episode_id, "reward": ep.reward,
+                               "truncated": bool(truncated), "obs": wire.pack_array(obs, self.encoding)})
+
+    def close(self) -> None:
+        """Send what local inference holds of ended episodes, and leave (open episodes are cut)."""
+        if self.sock is None:
+            return
+        try:
+            if self.inference == "local":
+                self._send_experience(force=True)
+            wire.send(self.sock, {"type": "bye"}, self.encoding)
+            wire.receive(self.sock)
+        except (OSError, ConnectionError, wire.ProtocolError):
+            pass
+        self._drop()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # --- local inference ------------------------------------------------------------
+    def _act_locally(self, ep: _Episode, obs: np.ndarray):
+        if self.actor is None or time.time() - self.pulled_at >= self.weights_interval_s:
+            self._pull_weights()
+        action, extras = self.actor.act(obs, self.rng)
+        ep.rows.append((obs, action, extras, self.actor.version, ep.reward))
+        ep.reward = 0.0
+        self.buffered += 1
+        if self.buffered >= self.send_steps:
+            self._send_experience(force=False)
+        return action
+
+    def _pull_weights(self) -> None:
+        from distrl.client.local import LocalActor
+
+        have = -1 if self.actor is None else self.actor.version
+        reply = self._request(lambda: {"type": "get_weights", "version": have})
+        self.pulled_at = time.time()
+        if reply.get("model") is not None:
+            self.actor = LocalActor(reply["model"], reply["rule"], int(reply["version"]))
+        elif self.actor is not None:
+            self.actor.set_rule(reply["rule"])
+
+    def _send_experience(self, force: bool) -> None:
+        """One batch of every episode's steps whose reward is final (an open episode's last step waits for
+        its next action); ended episodes leave. `force`: send even a small batch."""
+        if not force and self.buffered < self.send_steps:
+            return
+        segments = self._request(self._experience_message, keep=True)
+        for episode_id, sent in segments:
+            ep = self.episodes[episode_id]
+            ep.rows, ep.started = ep.rows[sent:], True
+            self.buffered -= sent
+            if ep.end is not None:
+                del self.episodes[episode_id]
+
+    def _experience_message(self) -> dict:
+        segments, sent = [], []
+        for episode_id, ep in self.episodes.items():
+            rows = ep.rows if ep.end is not None else ep.rows[:-1]
+            if not rows and ep.end is None:
+                continue
+            seg = {"episode": episode_id, "start": not ep.started, "end": None}
+            if rows:
+                obs, actions, extras, versions, rewards = zip(*rows)
+                seg.update(obs=self._pack(np.stack(obs)), actions=self._pack(np.stack(actions)),
+                           rewards=self._pack(np.asarray(rewards, np.float32)),
+                           versions=self._pack(np.asarray(versions, np.int64)),
+                           extras={k: self._pack(np.stack([e[k] for e in extras])) for k in extras[0]})
+            if ep.end is not None:
+                seg["end"] = {"obs": self._pack(ep.end[0]), "truncated": ep.end[1]}
+            segments.append(seg)
+            sent.append((episode_id, len(rows)))
+        self._sent = sent
+        return {"type": "experience", "episodes": segments}
+
+    def _pack(self, a: np.ndarray) -> dict:
+        return wire.pack_array(a, self.encoding)
+
+    # --- the connection -----------------------------------------------------------------
+    def _request(self, message, keep: bool = False):
+        """Send `message()` and return the reply; a lost connection is made again (and the open episodes
+        announced again) for up to `reconnect_s` before the error is raised. `keep`: return what building
+        the message recorded (`_sent`) instead of the reply."""
+        deadline, wait = time.time() + self.reconnect_s, 0.05
+        while True:
+            try:
+                if self.sock is None:
+                    self._connect()
+                msg = message()
+                if msg is None:
+                    return None
+                wire.send(self.sock, msg, self.encoding)
+                reply = wire.receive(self.sock)
+                break
+            except (OSError, ConnectionError) as e:
+                self._drop()
+                if time.time() + wait > deadline:
+                    raise ConnectionError(f"no simulator server at {self.address[0]}:{self.address[1]} "
+                                          f"({e}) for {self.reconnect_s:g} s") from None
+                time.sleep(wait)
+                wait = min(2 * wait, 1.0)
+        if reply.get("type") == "error":
+            raise ServerError(str(reply.get("error")), str(reply.get("message")))
+        return self._sent if keep else reply
+
+    def _connect(self) -> None:
+        sock = socket.create_connection(self.address)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock = sock
+        wire.send(sock, {"type": "hello", "protocol": wire.PROTOCOL, "token": self.token,
+                         "inference": self.inference, "name": self.name}, self.encoding)
+        reply = wire.receive(sock)
+        if reply.get("type") == "error":
+            self._drop()
+            raise ServerError(str(reply.get("error")), str(reply.get("message")))
+        self.welcome = reply
+        for episode_id, ep in self.episodes.items():  # a new connection knows none of them
+            ep.started = False
+            if self.inference == "remote":
+                wire.send(sock, {"type": "start_episode", "episode": episode_id}, self.encoding)
+                wire.receive(sock)
+                ep.started = True
+        if self.inference == "local":
+            self.actor = None  # the weights of a restarted server may be older: pull them again
+
+    def _drop(self) -> None:
+        if self.sock is not None:
+            try:
+                self.sock.close()
+            except OSError:
+                pass
+        self.sock = None
+
+    def _open(self, episode_id: str) -> _Episode:
+        ep = self.episodes.get(str(episode_id))
+        if ep is None or ep.end is not None:
+            raise ValueError(f"episode {episode_id!r} is not open (start_episode first)")
+        return ep
+
+    def _obs_dtype(self):
+        return np.dtype(self.observation_space.get("dtype", "float32")) \
+            if self.observation_space.get("type") == "box" else np.int64
+
+
+def _action(value):
+    """An action as the server sent it: an int (Discrete) or an array (Box)."""
+    return value if isinstance(value, int) else np.asarray(value, np.float32) \
+        if not isinstance(value, dict) else wire.unpack_array(value)

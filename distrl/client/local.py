@@ -1,0 +1,38 @@
+"""Local inference on a simulator's side: the run's acting network as an ONNX file, run by onnxruntime, and
+the policy's own acting rule (`distrl.sampling`) on its outputs.
+
+onnxruntime rather than numpy: the file is the network the run trained, exported by torch (any torso,
+convolutions and uint8 frames included), so the client carries no second implementation of it; and the
+same file is what `distrl export` writes for deployment.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from distrl.sampling import rule_from_wire
+
+
+class LocalActor:
+    """Acts with one version of the weights: `act(obs, rng)` -> (action, extras) for one observation."""
+
+    def __init__(self, model: bytes, rule: dict, version: int):
+        try:
+            import onnxruntime as ort
+        except ImportError:
+            raise ImportError("local inference runs the exported network with onnxruntime: "
+                              "pip install onnxruntime (or use inference='remote')") from None
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = options.inter_op_num_threads = 1  # a simulator's one row at a time
+        self.session = ort.InferenceSession(bytes(model), options, providers=["CPUExecutionProvider"])
+        self.outputs = [o.name for o in self.session.get_outputs() if o.name != "action"]
+        self.input = self.session.get_inputs()[0].name
+        self.version = version
+        self.set_rule(rule)
+
+    def set_rule(self, rule: dict) -> None:
+        self.rule = rule_from_wire(rule)
+
+    def act(self, obs: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        values = self.session.run(self.outputs, {self.input: obs[None]})
+        actions, extras = self.rule.act(dict(zip(self.outputs, values)), rng, explore=True)
+        return actions[0], {k: v[0] for k, v in extras.items()}

@@ -1,0 +1,117 @@
+"""The acting network out of distrl (`distrl.models.export`, `distrl export`): onnxruntime and TorchScript
+give the actions and outputs of distrl's own policy on the same observations, uint8 frames included."""
+import os
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+from gymnasium import spaces
+
+from distrl.cli import main
+from distrl.config import dump_yaml, load_config
+from distrl.core import EnvSpec
+from distrl.models.export import ExportError, acting_network, example_batch, onnx_bytes, torchscript_bytes
+from distrl.roles.evaluation import save_best
+from distrl.roles.factory import make_algorithm
+
+FRAMES = spaces.Box(0, 255, (10, 10, 4), np.uint8)       # MinAtar-shaped: the minatar torso
+ATARI = spaces.Box(0, 255, (4, 84, 84), np.uint8)        # Atari-shaped: the Nature CNN
+VECTOR = spaces.Box(-np.inf, np.inf, (5,), np.float32)
+BOX = spaces.Box(np.array([-2.0, 0.0], np.float32), np.array([2.0, 1.0], np.float32))
+
+CASES = [("apex_dqn", VECTOR, spaces.Discrete(3)), ("apex_dqn", FRAMES, spaces.Discrete(4)),
+         ("apex_dqn", ATARI, spaces.Discrete(4)), ("ppo", VECTOR, spaces.Discrete(3)), ("ppo", VECTOR, BOX),
+         ("ppo", FRAMES, spaces.Discrete(4)), ("impala", VECTOR, BOX), ("sac", VECTOR, BOX)]
+
+
+def trained_policy(algo, obs_space, act_space):
+    """A greedy policy with weights a learner made (some updates' worth of noise in them)."""
+    cfg = load_config(None, [f"algo={algo}"])
+    algorithm = make_algorithm(cfg, EnvSpec(obs_space, act_space))
+    learner = algorithm.make_learner("cpu")
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in (learner.net if hasattr(learner, "net") else learner.q if hasattr(learner, "q") else learner.actor).parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    policy = algorithm.make_policy(-1, 1, 0)
+    policy.set_weights(learner.get_weights(), 5)
+    return policy
+
+
+def observations(space, n=32):
+    rng = np.random.default_rng(0)
+    if space.dtype == np.uint8:
+        return rng.integers(0, 256, (n, *space.shape)).astype(np.uint8)
+    return rng.standard_normal((n, *space.shape)).astype(space.dtype)
+
+
+@pytest.mark.parametrize("algo, obs_space, act_space", CASES)
+def test_onnx_and_torchscript_act_as_the_policy_does(algo, obs_space, act_space):
+    policy = trained_policy(algo, obs_space, act_space)
+    module = acting_network(policy)
+    obs = observations(obs_space)
+    actions, _ = policy.act(obs, explore=False)
+    outputs, _ = policy.forward(obs, None)
+    session = ort.InferenceSession(onnx_bytes(module, example_batch(obs_space)))
+    assert session.get_inputs()[0].type == ("tensor(uint8)" if obs_space.dtype == np.uint8 else "tensor(float)")
+    names = [o.name for o in session.get_outputs()]
+    assert names == ["action", *policy.acting_outputs()]
+    got = dict(zip(names, session.run(None, {"obs": obs})))
+    traced = torch.jit.load(__import__("io").BytesIO(torchscript_bytes(module, example_batch(obs_space))))
+    with torch.no_grad():
+        scripted = dict(zip(names, (t.numpy() for t in traced(torch.as_tensor(obs)))))
+    for out in (got, scripted):
+        if isinstance(act_space, spaces.Discrete):
+            np.testing.assert_array_equal(out["action"], actions)
+        else:
+            assert out["action"].dtype == actions.dtype
+            np.testing.assert_allclose(out["action"], actions, rtol=0, atol=1e-5)
+        for name, value in outputs.items():
+            np.testing.assert_allclose(out[name], value, rtol=1e-4, atol=1e-5)
+    if isinstance(act_space, spaces.Discrete):  # the batch's greedy actions are not all one: a real check
+        assert len(set(actions.tolist())) > 1
+
+
+def test_a_recurrent_policy_is_refused():
+    cfg = load_config(None, ["algo=r2d2"])
+    algorithm = make_algorithm(cfg, EnvSpec(VECTOR, spaces.Discrete(2)))
+    policy = algorithm.make_policy(-1, 1, 0)
+    with pytest.raises(ExportError, match="recurrent"):
+        acting_network(policy)
+
+
+def run_dir(tmp_path, algo):
+    cfg = load_config(None, [f"algo={algo}", "env.id=CartPole-v1"])
+    d = tmp_path / algo
+    d.mkdir()
+    (d / "config.yaml").write_text(dump_yaml(cfg))
+    save_best(str(d), make_algorithm(cfg).make_learner("cpu").get_weights(), {"version": 3, "return_mean": 9.0})
+    return str(d)
+
+
+def test_distrl_export_writes_a_file_that_acts_as_the_best_checkpoint(tmp_path, capsys):
+    d = run_dir(tmp_path, "ppo")
+    path = str(tmp_path / "policy.onnx")
+    assert main(["export", d, "--onnx", path, "--torchscript", str(tmp_path / "policy.pt")]) == 0
+    assert "outputs action, out, value" in capsys.readouterr().out
+    session = ort.InferenceSession(path)  # the three lines of docs/guides/external-simulators.md
+    obs = np.array([[0.01, 0.2, -0.03, 0.1]], np.float32)
+    action = session.run(["action"], {"obs": obs})[0][0]
+    from distrl.api import _best_policy
+
+    policy, meta = _best_policy(d, load_config(os.path.join(d, "config.yaml")))
+    assert action == policy.act(obs, explore=False)[0][0] and meta["version"] == 3
+
+
+@pytest.mark.parametrize("algo, args, message", [
+    ("r2d2", ["--onnx", "{tmp}/x.onnx"], "recurrent"),
+    ("ppo", [], "--onnx"),
+    ("ppo", ["--onnx", "{tmp}/no/such/dir/x.onnx"], "cannot write"),
+])
+def test_a_policy_or_a_path_that_cannot_export_is_one_line_and_exit_2(tmp_path, capsys, algo, args, message):
+    d = run_dir(tmp_path, algo)
+    assert main(["export", d, *[a.format(tmp=tmp_path) for a in args]]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+    assert not [f for f in os.listdir(tmp_path) if f != algo]  # nothing written

@@ -1,0 +1,134 @@
+"""Runs that learn from simulators owning their loop, each its own OS process: one speaking the documented
+protocol with the standard library only, others through `distrl.client` (remote and local inference);
+clients killed and added, and the server itself killed and restarted, while the run goes on."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from distrl.api import train
+from tests.runtime.processes import new_pids, snapshot
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+STDLIB_SIM = os.path.join(ROOT, "tests", "runtime", "stdlib_sim.py")
+
+
+def simulator(run_dir: str, seconds: float, seed: int, *args: str) -> subprocess.Popen:
+    """A client process: `bench.external_sim` (distrl.client) with `args`, or with "stdlib" the simulator that
+    imports nothing of distrl."""
+    cmd = [sys.executable, STDLIB_SIM, run_dir, str(seconds), str(seed)] if args == ("stdlib",) else \
+        [sys.executable, "-m", "bench.external_sim", run_dir, "--seconds", str(seconds), "--seed", str(seed), *args]
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def result(proc: subprocess.Popen, timeout_s: float = 90) -> dict:
+    out, err = proc.communicate(timeout=timeout_s)
+    assert proc.returncode == 0, err[-2000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_the_stdlib_protocol_simulator_has_no_distrl_inside():
+    source = open(STDLIB_SIM).read()
+    imported = {line.split()[1].split(".")[0] for line in source.splitlines() if line.startswith(("import ", "from "))}
+    assert imported <= set(sys.stdlib_module_names), imported - set(sys.stdlib_module_names)
+
+
+def test_ppo_learns_cartpole_from_a_stdlib_simulator_and_a_local_inference_client(tmp_path):
+    """Single mode: the server is a thread of the driver. 475 (greedy, 20 episodes) well within the budget
+    (it takes ~15-30 s here)."""
+    run_dir = str(tmp_path / "run")
+    sims = [simulator(run_dir, 100, 1, "stdlib"),
+            simulator(run_dir, 100, 2, "--inference", "local", "--weights-interval", "1", "--reconnect", "2")]
+    try:
+        summary = train(os.path.join(ROOT, "configs", "ppo_cartpole.yaml"), run_dir=run_dir,
+                        overrides=["external.enabled=true", "log.progress=false", "stop.max_seconds=90"])
+    finally:
+        outs = [result(p) for p in sims]
+    assert summary["solved"], summary
+    ext = summary["external"]
+    assert ext["connections"] == 2 and ext["steps"] >= summary["env_steps"] and ext["episodes"] > 0
+    assert all(o["steps"] > 0 for o in outs)
+    token = json.load(open(os.path.join(run_dir, "external.json")))["token"]
+    for name in os.listdir(run_dir):  # the token is in the address file only, never in metrics or logs
+        path = os.path.join(run_dir, name)
+        if name != "external.json" and os.path.isfile(path):
+            assert token.encode() not in open(path, "rb").read(), name
+    assert oct(os.stat(os.path.join(run_dir, "external.json")).st_mode & 0o777) == "0o600"
+
+
+def test_the_run_survives_clients_killed_and_added_and_its_server_killed(ray_session, tmp_path):
+    """Async mode: the server is a Ray actor. A client is SIGKILLed mid-episode (its episode's unsent part is
+    counted lost), then the server is SIGKILLed (Ray restarts it on its port, counted; the surviving client
+    reconnects and goes on), then a new client joins."""
+    run_dir = str(tmp_path / "run")
+    before = snapshot("ExternalServer")
+    sims = [simulator(run_dir, 60, 1), simulator(run_dir, 60, 2, "--reconnect", "30")]
+    events: dict = {}
+
+    def chaos():
+        metrics = os.path.join(run_dir, "metrics.csv")
+        while not (os.path.exists(metrics) and len(open(metrics).readlines()) > 3):
+            time.sleep(0.1)
+        sims[0].send_signal(signal.SIGKILL)
+        time.sleep(3)  # the server reports the cut episode with its next fragment
+        events["steps_at_server_kill"] = int(open(metrics).readlines()[-1].split(",")[1])
+        os.kill(new_pids("ExternalServer", before)[0], signal.SIGKILL)
+        time.sleep(5)
+        sims.append(simulator(run_dir, 60, 3))
+
+    thread = threading.Thread(target=chaos, daemon=True)
+    thread.start()
+    try:
+        summary = train(os.path.join(ROOT, "configs", "apex_dqn_cartpole.yaml"), run_dir=run_dir,
+                        overrides=["external.enabled=true", "log.progress=false", "stop.max_seconds=30",
+                                   "eval.target_return=null", "log.interval_s=0.5", "eval.episodes=2"])
+    finally:
+        thread.join(10)
+        for p in sims:
+            p.kill()
+        outs = [p.communicate(timeout=30) for p in sims]
+    assert summary["failure"] is None, summary["failure"]
+    assert summary["external_restarts"] == 1 and summary["worker_restarts"] == 0
+    ext = summary["external"]
+    assert ext["episodes_cut"] >= 1 and ext["steps_lost"] >= 1
+    assert ext["connections"] >= 4  # 2, the survivor again after the restart, the newcomer
+    assert summary["env_steps"] > events["steps_at_server_kill"] + 2000, (summary["env_steps"], events)
+    assert "Traceback" not in outs[1][1], outs[1][1][-2000:]  # the survivor reconnected without an error
+
+
+def test_single_modes_server_is_restarted_on_its_port_when_it_fails(tmp_path):
+    """In single mode the server is a thread of the driver: a fault of its own (here its network raising)
+    ends it as a death would; the next gather starts it again, counted, and the client reconnects."""
+    import numpy as np
+
+    from distrl.client import Client
+    from distrl.config import load_config
+    from distrl.runtime.local import LocalRoles
+
+    cfg = load_config(os.path.join(ROOT, "configs", "ppo_cartpole.yaml"), ["external.enabled=true"])
+    roles = LocalRoles(cfg, time.time(), None, str(tmp_path))
+    try:
+        port = roles.server.port
+        client = Client.from_run_dir(str(tmp_path), reconnect_s=30)
+        episode = client.start_episode()
+        client.get_action(episode, np.zeros(4, np.float32))
+
+        def broken(*args):
+            raise RuntimeError("the network is gone")
+
+        roles.server.policy.forward = broken
+        failed = threading.Thread(target=lambda: client.get_action(episode, np.zeros(4, np.float32)))
+        failed.start()  # its request kills the server; the client retries until one answers again
+        time.sleep(1.0)
+        assert not roles.server.alive()
+        roles.gather(True)
+        assert roles.server.alive() and roles.server.port == port and roles.restarts().external == 1
+        failed.join(30)
+        assert not failed.is_alive()
+        client.end_episode(episode, np.zeros(4, np.float32))
+        client.close()
+    finally:
+        roles.close()
