@@ -93,6 +93,19 @@ def _best_policy(run_dir: str, cfg: Config):
     return policy, meta
 
 
+def _observation_normalization(run_dir: str, cfg) -> tuple | None:
+    """(mean, 1 / std, clip) of the observation statistics the best checkpoint's weights came with, when the
+    run normalized observations (`cfg`: its env.normalize section); else None."""
+    from distrl.checkpoint import load_weights
+    from distrl.envs.normalize import Normalization
+
+    if not cfg.obs:
+        return None
+    normalization = Normalization(cfg, training=False)
+    normalization.load(load_weights(os.path.join(run_dir, "checkpoints", "best.safetensors"))[0])
+    return normalization.obs_mean, normalization.obs_scale, cfg.clip
+
+
 def export(run_dir: str, onnx: str | None = None, torchscript: str | None = None) -> dict[str, Any]:
     """Write the acting network of a run's best checkpoint (the newest weights the evaluator scored best) to
     `onnx` and/or `torchscript`: obs -> action (greedy) and the policy's outputs. {"files", "outputs",
@@ -106,7 +119,7 @@ def export(run_dir: str, onnx: str | None = None, torchscript: str | None = None
     cfg = _run_config(run_dir)
     policy, meta = _best_policy(run_dir, cfg)
     try:
-        module = acting_network(policy)
+        module = acting_network(policy, _observation_normalization(run_dir, cfg.env.normalize))
     except ExportError as e:
         raise ConfigError(f"{run_dir}: {cfg.algo}'s policy cannot be exported: {e}") from None
     example = example_batch(policy.spec.observation_space)

@@ -1,7 +1,8 @@
 """A policy's acting network out of distrl: an ONNX file (or TorchScript) that maps a batch of observations,
 as the env gives them (uint8 frames stay uint8), to the greedy action and the network's acting outputs.
 
-The file holds the policy's own `nn.Module` (the one the learner trains) and, for the action, the greedy
+The file holds the run's observation normalization (env.normalize.obs: its statistics, frozen), the
+policy's own `nn.Module` (the one the learner trains) and, for the action, the greedy
 branch of its acting rule (`distrl.sampling`) written in torch: argmax for Q-values and logits, the Box
 mapping of a Gaussian's mean (tanh'd for SAC's). Outputs: `action`, then the policy's `acting_outputs()`
 ("q"; "out", "value", "log_std"; "mean", "log_std"), batch axis first and dynamic. ONNX is written by
@@ -30,9 +31,16 @@ class ExportError(ValueError):
 class ActingNetwork(nn.Module):
     """obs -> (greedy action, *acting outputs) of a network-backed policy."""
 
-    def __init__(self, net: nn.Module, method: str, names: tuple[str, ...], rule):
+    def __init__(self, net: nn.Module, method: str, names: tuple[str, ...], rule, normalize=None):
+        """`normalize`: (mean, 1 / std, clip or None) of the run's observation statistics (env.normalize.obs),
+        applied to the raw observations the file is given, as the run's envs apply them."""
         super().__init__()
         self.net, self.method, self.names, self.kind = net, method, tuple(names), rule.kind
+        self.normalizes = normalize is not None
+        if normalize is not None:  # in float64, as distrl.envs.normalize computes it
+            mean, scale, self.clip = normalize
+            self.register_buffer("obs_mean", torch.as_tensor(np.asarray(mean, np.float64)))
+            self.register_buffer("obs_scale", torch.as_tensor(np.asarray(scale, np.float64)))
         box = getattr(rule, "box", None)
         if box is not None:  # the Box mapping in float64, as BoxScaler computes it
             self.register_buffer("low", torch.as_tensor(box.low, dtype=torch.float64))
@@ -41,6 +49,11 @@ class ActingNetwork(nn.Module):
             self.box_shape, self.box_dtype = tuple(box.shape), _torch_dtype(box.dtype)
 
     def forward(self, obs: torch.Tensor):
+        if self.normalizes:
+            obs = (obs.double() - self.obs_mean) * self.obs_scale
+            if self.clip is not None:
+                obs = obs.clamp(-self.clip, self.clip)
+            obs = obs.float()
         out = getattr(self.net, self.method)(obs)
         values = [out[n] for n in self.names] if isinstance(out, dict) else \
             list(out) if isinstance(out, (tuple, list)) else [out]
@@ -61,14 +74,15 @@ def _torch_dtype(dtype) -> torch.dtype:
     return torch.from_numpy(np.zeros(0, np.dtype(dtype))).dtype
 
 
-def acting_network(policy) -> ActingNetwork:
-    """The policy's acting network (its weights as loaded); ExportError for a policy that needs more than
-    one feedforward pass per observation (a recurrent state)."""
+def acting_network(policy, normalize=None) -> ActingNetwork:
+    """The policy's acting network (its weights as loaded), taking raw observations (`normalize`: see
+    `ActingNetwork`); ExportError for a policy that needs more than one feedforward pass per observation
+    (a recurrent state)."""
     rule = policy.acting_rule()
     if rule is None or not hasattr(policy, "net"):
         raise ExportError(f"{type(policy).__name__} acts with a recurrent state: only feedforward policies "
                           "export (their actions depend on the observation alone)")
-    return ActingNetwork(policy.net, policy.acting_method, policy.acting_outputs(), rule).eval()
+    return ActingNetwork(policy.net, policy.acting_method, policy.acting_outputs(), rule, normalize).eval()
 
 
 def example_batch(space) -> torch.Tensor:

@@ -115,3 +115,31 @@ def test_a_policy_or_a_path_that_cannot_export_is_one_line_and_exit_2(tmp_path, 
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
     assert not [f for f in os.listdir(tmp_path) if f != algo]  # nothing written
+
+
+def test_an_exported_policy_normalizes_raw_observations_as_the_run_did(tmp_path):
+    """env.normalize.obs: the file takes the env's raw observations and applies the statistics the best
+    checkpoint's weights came with (frozen, clipped), as the run's evaluator envs do."""
+    from distrl.api import export
+    from distrl.envs.normalize import Normalization, RunningStats
+
+    cfg = load_config(None, ["algo=ppo", "env.id=CartPole-v1", "env.normalize.obs=true", "env.normalize.clip=2"])
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "config.yaml").write_text(dump_yaml(cfg))
+    rng = np.random.default_rng(0)
+    stats = RunningStats.of(rng.normal([1.0, -2.0, 0.5, 3.0], [0.5, 2.0, 0.1, 4.0], (500, 4)))
+    weights = {**make_algorithm(cfg).make_learner("cpu").get_weights(), **stats.arrays("obs")}
+    save_best(str(d), weights, {"version": 3, "return_mean": 9.0})
+    path = str(tmp_path / "policy.onnx")
+    export(str(d), onnx=path)
+    raw = rng.normal([1.0, -2.0, 0.5, 3.0], [2.0, 4.0, 1.0, 8.0], (64, 4)).astype(np.float32)
+    normalization = Normalization(cfg.env.normalize, training=False)
+    normalization.load(weights)
+    from distrl.api import _best_policy
+
+    policy, _ = _best_policy(str(d), cfg)
+    want = policy.act(normalization.normalize(raw), explore=False)[0]
+    got = ort.InferenceSession(path).run(["action"], {"obs": raw})[0]
+    np.testing.assert_array_equal(got, want)
+    assert not np.array_equal(want, policy.act(raw, explore=False)[0])  # normalizing changes some actions
