@@ -1,9 +1,8 @@
 """The roles of distrl as small interfaces, and the data that moves between them.
 
-An algorithm (`Algorithm`) is a `Policy` (acting, in every rollout worker and the
-evaluator) and a `Learner` (the only optimizer.step()), both built on the same torch
-network. A run drives them
-through a `Roles` object; whatever the mode, the driver's loop is::
+An algorithm (`Algorithm`) is a `Policy` (acting, in every rollout worker and the evaluator) and a
+`Learner` (the only optimizer.step()) on one torch network. A run drives them through a `Roles`
+object; whatever the mode, the driver's loop is::
 
     while not stopped:
         gathered = roles.gather(sampling_allowed)   # workers: env steps + batched inference -> replay
@@ -12,9 +11,8 @@ through a `Roles` object; whatever the mode, the driver's loop is::
         roles.submit_eval(env_steps); roles.poll_eval()   # evaluator: greedy episodes, best checkpoint
         every checkpoint.interval_s: write(roles.get_state())
 
-`single` mode implements `Roles` with the jobs in one process (the evaluator in
-a second); `sync` and `async` with one Ray actor per role. The jobs themselves
-are in `distrl.roles`, free of ray; only `distrl.runtime` imports ray.
+`single` mode implements `Roles` with the jobs in one process (the evaluator in a second); `sync` and
+`async` with one Ray actor per role. The jobs are in `distrl.roles`; only `distrl.runtime` imports ray.
 """
 from __future__ import annotations
 
@@ -169,26 +167,21 @@ class Learner(abc.ABC):
 
     @abc.abstractmethod
     def update(self, batch: Batch) -> dict[str, Any]:
-        """One gradient update: its scalars to log, 'priorities' per item for replay, and 'nonfinite' (true:
-        the loss or gradient was NaN or inf and no step was taken). Values may be tensors on the learner's
-        device, read back once per block by the learner loop (`distrl.roles.learning.read_back`): a learner
-        that reports 'nonfinite' as a tensor has not waited to learn it, counts the update in `updates`,
-        and is told by `uncount` once the block is read."""
+        """One gradient update: scalars to log, 'priorities' per item, 'nonfinite' (no step: a NaN or inf loss
+        or gradient). Values may be tensors on the learner's device, read back once per block (`learn_block`);
+        an update whose 'nonfinite' is a tensor is counted in `updates` until `uncount` says otherwise."""
 
     def capture_update(self) -> None:
-        """Record `update`'s device work as a CUDA graph where this learner can (a replay learner on a CUDA
-        device: `distrl.algos.capture`); otherwise nothing changes."""
+        """Run `update`'s device work as a CUDA graph where it can (`distrl.algos.capture`)."""
 
-    def uncount(self, skipped: int) -> None:
-        """`skipped` updates counted in `updates` took no step (their 'nonfinite' tensors were read back)."""
+    def uncount(self, skipped: int) -> None:  # read back: `skipped` counted updates took no step
         self.updates -= skipped
 
     @abc.abstractmethod
     def weight_tensors(self) -> dict[str, Any]:
         """The acting network's state_dict, live on the learner's device: what policies load."""
 
-    def get_weights(self) -> Weights:
-        """`weight_tensors` as numpy arrays that do not alias them (waits for the device)."""
+    def get_weights(self) -> Weights:  # numpy copies: waits for the device
         return {k: v.detach().cpu().numpy().copy() for k, v in self.weight_tensors().items()}
 
     @abc.abstractmethod
@@ -201,13 +194,8 @@ class Learner(abc.ABC):
 
 
 class Algorithm(abc.ABC):
-    """An algorithm as it declares itself, and what it builds from the parts of a config it reads.
-
-    The class attributes are the one place that says what an algorithm is: the registry, the config
-    (`distrl.config.config_class`) and the runtime read them. An instance holds the config parts its
-    networks, learner and policies are built from: its own section, the `model` section and, for
-    sequence algorithms, the `sequence` section.
-    """
+    """An algorithm as it declares itself (class attributes: the registry, config and runtime read them),
+    and what it builds from the config parts it holds: its section, `model` and, for sequences, `sequence`."""
 
     name: str = ""
     config: type = object
@@ -233,8 +221,7 @@ class Algorithm(abc.ABC):
     offline: bool = False
     """Learns from a dataset only (`data.dataset`), with no rollout workers (`Algorithm.dataset_items`)."""
     external: bool = False
-    """Learns from simulators that own their loop (`external.enabled`): its policy acts on one observation
-    at a time with no state but its exploration, and its workers send experience, not gradients."""
+    """Learns from simulators that own their loop (`external.enabled`): a stateless policy, experience sent."""
 
     def __init__(self, spec: EnvSpec, cfg: Any, model: Any, seed: int = 0, sequence: Any = None):
         self.spec, self.cfg, self.model, self.seed, self.sequence = spec, cfg, model, seed, sequence
@@ -331,11 +318,8 @@ class Restarts:
     external: int = 0  # the simulator server (external.enabled)
 
 
-RunState = dict[str, Any]
-"""A run's state for a checkpoint: {"learner": ..., "store": data, None or a writer, "workers": [...]}."""
-
-StoreWriter = Callable[[str], Any]
-"""Writes the store into a checkpoint directory being built (see `distrl.checkpoint.run`)."""
+RunState = dict[str, Any]  # a checkpoint's: {"learner": ..., "store": data, None or a writer, "workers": [...]}
+StoreWriter = Callable[[str], Any]  # writes the store into a checkpoint directory being built (checkpoint.run)
 
 
 class RoleLost(RuntimeError):
