@@ -250,11 +250,11 @@ class Client:
             raise ServerError(str(reply.get("error")), str(reply.get("message")))
         self.welcome = reply
         for episode_id, ep in self.episodes.items():  # a new connection knows none of them
-            ep.started = False
-            if self.inference == "remote":
+            if self.inference == "remote" and ep.started:  # one being started is announced by its own retry
                 wire.send(sock, {"type": "start_episode", "episode": episode_id}, self.encoding)
                 wire.receive(sock)
-                ep.started = True
+            else:
+                ep.started = False  # local inference: the next batch carries its start
         if self.inference == "local":
             self.actor = None  # the weights of a restarted server may be older: pull them again
 

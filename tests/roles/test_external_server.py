@@ -267,3 +267,16 @@ def test_clients_can_refuse_a_wrong_token_at_once(server):
         Client(f"127.0.0.1:{server.port}", "guess")
     assert e.value.code == "bad_token"
 
+
+
+def test_an_episode_being_started_when_the_connection_drops_is_announced_once_on_the_new_one(server):
+    """The connection is lost as a new episode starts: the client connects again, announces the episodes the
+    server knew, and its retry starts the new one, which the server then knows exactly once."""
+    client = Client(("127.0.0.1", server.port), TOKEN)
+    old = client.start_episode()
+    client.get_action(old, OBS)
+    client.sock.shutdown(socket.SHUT_RDWR)  # the link goes down under the next call
+    new = client.start_episode()
+    for episode in (old, new):
+        assert client.get_action(episode, OBS) in (0, 1)
+    client.close()
