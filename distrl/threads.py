@@ -42,8 +42,12 @@ class ThreadChoice:
     Calls alternate between the two until each has trained `trial_updates` updates, the faster is kept,
     and the trial is run again every `recheck_s` seconds (what else runs may change)."""
 
-    def __init__(self, most: int, fixed: bool = False, trial_updates: int = 64, recheck_s: float = 300.0):
+    def __init__(self, most: int, fixed: bool = False, trial_updates: int = 64, recheck_s: float = 300.0,
+                 free_cores=None):
+        """`free_cores()`: cores other processes leave this one now (by default from the load average): with
+        fewer than `most` (other processes busy on this machine) the learner trains on one, unmeasured."""
         self.most, self.trial_updates, self.recheck_s = max(1, most), trial_updates, recheck_s
+        self.free_cores = free_cores or _free_cores
         self.fixed = fixed or self.most == 1  # `most` threads, never measured
         self.trial: dict[int, list[float]] = {}  # threads -> [seconds, updates] in this trial
         self.chosen: int | None = self.most if self.fixed else None
@@ -55,6 +59,8 @@ class ThreadChoice:
 
         if not self.fixed and self.chosen is not None and time.monotonic() - self.chosen_at > self.recheck_s:
             self.chosen, self.trial = None, {}
+        if not self.fixed and self.free_cores() < self.most - 0.5:  # busy: more threads would wait on each other
+            return 1
         if self.chosen is not None:
             return self.chosen
         short = [n for n in (1, self.most) if self.trial.get(n, [0.0, 0])[1] < self.trial_updates]
@@ -69,9 +75,21 @@ class ThreadChoice:
         spent = self.trial.setdefault(threads, [0.0, 0])
         spent[0] += seconds
         spent[1] += updates
+        one, most = self.trial.get(1), self.trial.get(self.most)
+        if one and most and most[0] / most[1] > 2 * one[0] / one[1]:  # far slower: no need to measure on
+            self.chosen, self.chosen_at = 1, time.monotonic()
+            return
         if all(self.trial.get(n, [0.0, 0])[1] >= self.trial_updates for n in (1, self.most)):
             self.chosen = min((1, self.most), key=lambda n: self.trial[n][0] / self.trial[n][1])
             self.chosen_at = time.monotonic()
+
+
+def _free_cores() -> float:
+    """Cores the last minute's load average leaves this process (itself, running, counted in the load)."""
+    try:
+        return usable_cpus() - os.getloadavg()[0] + 1.0
+    except OSError:
+        return 0.0
 
 
 def learner_threads(fixed: int, mode: str, workers: int, cpus: int, deterministic: bool) -> ThreadChoice:

@@ -15,7 +15,7 @@ def test_one_compute_thread():
 
 
 def test_a_learner_tries_one_thread_and_the_free_cores_then_keeps_the_faster():
-    choice = ThreadChoice(4, trial_updates=10)
+    choice = ThreadChoice(4, trial_updates=10, free_cores=lambda: 4.0)
     tried, seconds_per_update = [], {1: 0.002, 4: 0.001}
     while choice.chosen is None:
         n = choice.threads()
@@ -23,15 +23,29 @@ def test_a_learner_tries_one_thread_and_the_free_cores_then_keeps_the_faster():
         choice.record(n, 4 * seconds_per_update[n], 4)  # a call of 4 updates
     assert sorted(set(tried)) == [1, 4] and tried[:2] in ([1, 4], [4, 1])  # alternating, not one after the other
     assert choice.chosen == 4 and choice.threads() == 4
-    slow_net = ThreadChoice(2, trial_updates=10)
+    slow_net = ThreadChoice(2, trial_updates=10, free_cores=lambda: 2.0)
     while slow_net.chosen is None:
         n = slow_net.threads()
-        slow_net.record(n, 0.003 * 5 if n == 2 else 0.001 * 5, 5)  # hand-offs cost more than they give
-    assert slow_net.threads() == 1
+        slow_net.record(n, 0.0015 * 5 if n == 2 else 0.001 * 5, 5)  # hand-offs cost more than they give
+    assert slow_net.threads() == 1 and slow_net.trial[2][1] >= 10
+
+
+def test_threads_far_slower_are_dropped_at_once_and_a_busy_machine_trains_on_one():
+    choice = ThreadChoice(2, trial_updates=100, free_cores=lambda: 2.0)
+    choice.record(1, 0.01, 10)
+    choice.record(2, 0.5, 10)  # oversubscribed: threads spinning on each other
+    assert choice.chosen == 1
+    free = [2.0]
+    busy = ThreadChoice(2, trial_updates=10, free_cores=lambda: free[0])
+    busy.chosen, busy.chosen_at = 2, time.monotonic()
+    free[0] = 0.8  # another process took a core
+    assert busy.threads() == 1
+    free[0] = 1.9
+    assert busy.threads() == 2
 
 
 def test_the_choice_is_measured_again_after_a_while():
-    choice = ThreadChoice(2, trial_updates=1, recheck_s=0.0)
+    choice = ThreadChoice(2, trial_updates=1, recheck_s=0.0, free_cores=lambda: 2.0)
     choice.record(choice.threads(), 0.1, 1)
     choice.record(choice.threads(), 0.2, 1)
     assert choice.chosen is not None
