@@ -209,12 +209,17 @@ RAY_LABELS = {"evaluator", "gradient worker 0", "gradient worker 1", "inference 
               "parameter server", "replay server", "worker 0", "worker 1"}
 
 
-def test_sync_mode_hangs_at_the_defaults(ray_session, tmp_path):
+def test_sync_mode_hangs_at_the_defaults(ray_session, tmp_path, capfd):
     """Every role at once mid-run (the run waits for all of them: it goes on once they are back), then again
-    shortly before the budget ends."""
+    shortly before the budget ends. The console has distrl's one line per hang and nothing of Ray's."""
     budget, names = 50.0, list(RAY_ROLES)
     run_dir, start, ended, summary, stopped, roles = run_with_waves(
         tmp_path, "sync", names, [dict.fromkeys(names)], budget, RAY_EXTRA)
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Unhandled error" not in err, err
+    hung = [line for line in err.splitlines() if " hung (" in line]
+    assert len(hung) == len(stopped[0]) and all(line.startswith("distrl: ") for line in hung), err
+    assert not os.path.exists(os.path.join(run_dir, "failure.log"))  # faults the runtime expects, not bugs
     check_waves(run_dir, start, stopped, roles, summary)
     check_end(start, ended, budget, summary, stopped[-1], RAY_LABELS)
     assert summary["replay_refilled_items"] > 0, summary
