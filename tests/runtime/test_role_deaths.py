@@ -1,7 +1,8 @@
-"""Every role may die or hang: SIGKILLed learner (inside the first checkpoint interval, and after a
-checkpoint while a checkpoint waits on it) and parameter server during an async Ape-X run; the run finishes
-solved and counts exactly what happened (a role that hangs: tests/runtime/test_hangs.py). A role whose restarts are used up ends the run with its cause. No clean start prints a Ray warning. A
-restored learner's weights replace the lost ones at the parameter server."""
+"""Every role may die: SIGKILLed learner (inside the first checkpoint interval, and after a checkpoint
+while a checkpoint waits on it) and parameter server during an async Ape-X run; the run finishes solved
+and counts exactly what happened (a role that hangs: tests/runtime/test_hangs.py). A role whose restarts
+are used up ends the run with its cause. No clean start prints a Ray warning. A restored learner's weights
+replace the lost ones at the parameter server."""
 import csv
 import glob
 import json
