@@ -211,9 +211,7 @@ class LearnerLoop:
             if self.learner.updates != self.version:
                 self.publish()
             self.publisher.settle()
-            if self.io_thread is not None:
-                self.io_thread.submit(lambda: None).result()  # the priority writes queued before it were sent
-            self.io.flush()
+            self.flush()
         elif self.io_thread is not None:  # what landed is forgotten, on the thread that waits on the others
             self.io_thread.submit(self.io.flush, False)
         self.poisoned |= self.publisher.poisoned
@@ -252,8 +250,16 @@ class LearnerLoop:
         torch.set_rng_state(state["torch_rng"])
         self.statistics.load({k: np.asarray(v) for k, v in state.get("statistics", {}).items()})
         version = self.publish(restored=True)
-        self.io.flush()
+        self.flush()
         return version
+
+    def flush(self) -> None:
+        """Wait until every priority write and publication so far has landed: on the IO thread, after the
+        writes queued there (Ray's calls of this process stay on one thread beside the training)."""
+        if self.io_thread is None:
+            self.io.flush()
+        else:
+            self.io_thread.submit(self.io.flush).result()
 
 
 class LocalIO(LearnerIO):

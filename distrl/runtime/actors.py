@@ -263,7 +263,7 @@ class Learner(Traced):
 
     def publish(self) -> int:
         version = self.loop.publish()
-        self.loop.io.flush()
+        self.loop.flush()
         return version
 
     def train(self, num_updates: int, statistics: dict | None = None) -> TrainStats:
