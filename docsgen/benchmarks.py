@@ -84,9 +84,28 @@ def headline_rows() -> list[tuple[str, str, str, str]]:
         ("Ape-X DQN on Atari Breakout, one hour", f"best eval {hour['best_eval_return']} after "
          f"{hour['env_steps'] / 1e3:,.0f}k agent steps (4 frames each: {hour['env_steps'] * 4 / 1e6:.2f}M frames)", "",
          "atari_breakout_60min"),
+        *[_sb3_mujoco_row(peer, task) for peer, task in (
+            ("sac_halfcheetah", "SAC reaches 5,000 on HalfCheetah-v5"),
+            ("ppo_hopper", "PPO reaches 2,000 on Hopper-v5 (normalized)"))],
         (f"{soak['minutes']:.0f} minutes of an async run, its learner and parameter server killed",
          f"every role's memory within {growth:.1f}% of its size after warm-up; {kept}", "", "soak"),
     ]
+
+
+def _sb3_mujoco_row(peer: str, task: str) -> tuple[str, str, str, str]:
+    """A MuJoCo config against Stable-Baselines3 (`bench.peers.sb3_mujoco`): distrl's seeds, and SB3's."""
+    data = load(f"sb3_{peer}.json")
+    summary, budget = data["summary"], data["budget_s"]
+    ours, sb3 = summary["distrl"], summary.get("sb3")
+    distrl = f"{ours['solved']}/{ours['runs']} seeds, median {_s(ours['median_unsolved_as_budget_s'])} of {_s(budget)}"
+    if not sb3:
+        return task, distrl, "Stable-Baselines3: not run", f"sb3_{peer}"
+    if summary.get("ratio_sb3_over_distrl") is not None:
+        ratio = f"{summary['ratio_sb3_over_distrl']:.2f}× distrl's time"
+    else:
+        ratio = f"≥ {summary['ratio_unsolved_as_budget']:.2f}× distrl's time (unsolved counted as the budget)"
+    return task, distrl, (f"Stable-Baselines3, rl-zoo settings: {sb3['solved']}/{sb3['runs']} seeds within "
+                          f"{_s(budget)}, {ratio}"), f"sb3_{peer}"
 
 
 def headline_table(link_prefix: str) -> str:
