@@ -81,11 +81,14 @@ def read_back(outs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
     found = [(i, key, v) for i, out in enumerate(outs) for key, v in out.items() if torch.is_tensor(v)]
     if not found:
         return outs, 0
-    flat = torch.cat([v.detach().reshape(-1).float() for _, _, v in found]).cpu().numpy()
-    outs, at, skips = [dict(out) for out in outs], 0, 0
-    for i, key, v in found:
-        value = flat[at:at + v.numel()]
-        at += v.numel()
+    if all(v.device.type == "cpu" for _, _, v in found):  # nothing to wait for: each value as it is
+        values = [v.detach().numpy().astype(np.float32, copy=False).reshape(-1) for _, _, v in found]
+    else:
+        flat = torch.cat([v.detach().reshape(-1).float() for _, _, v in found]).cpu().numpy()
+        ends = np.cumsum([v.numel() for _, _, v in found])
+        values = np.split(flat, ends[:-1])
+    outs, skips = [dict(out) for out in outs], 0
+    for (i, key, v), value in zip(found, values):
         outs[i][key] = value.reshape(v.shape) if v.dim() else float(value[0])
         skips += key == "nonfinite" and bool(outs[i][key])
     return outs, skips

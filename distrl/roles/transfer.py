@@ -22,7 +22,8 @@ from distrl.replay.store import Block
 @dataclass
 class ReadyBlock:
     """A block as replay gave it (`host`: for priorities, versions and generations) and its batches and
-    importance weights as tensors on the learner's device (`batches`, `weights`)."""
+    importance weights ready for the learner's device (`batches`, `weights`: tensors on a GPU, the host's
+    arrays on the CPU, which each update takes as tensors without a copy)."""
 
     host: Block
     batches: dict[str, Any]
@@ -41,14 +42,14 @@ class ReadyBlock:
 
 
 def on_device(block: Block, device: str, stream=None) -> ReadyBlock:
-    """`block`'s arrays as tensors on `device`: on the CPU without a copy; on a GPU pinned, then copied
-    without blocking on `stream` (uint8 frames stay uint8: the network makes them floats there)."""
+    """`block`'s arrays made ready for `device`: on the CPU as they are (a batch's numpy view becomes a
+    tensor without a copy in `update`, cheaper than slicing a tensor); on a GPU pinned, then copied without
+    blocking on `stream` (uint8 frames stay uint8: the network makes them floats there)."""
     import torch
 
     batches, _, weights = block
     if not device.startswith("cuda"):
-        return ReadyBlock(block, {k: torch.as_tensor(v) for k, v in batches.items()},
-                          None if weights is None else torch.as_tensor(weights))
+        return ReadyBlock(block, batches, weights)
     with torch.cuda.stream(stream):
         moved = {k: torch.from_numpy(np.ascontiguousarray(v)).pin_memory().to(device, non_blocking=True)
                  for k, v in ({**batches, "_weights": weights} if weights is not None else batches).items()}

@@ -7,6 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
+from distrl.algos.common import as_tensors
 from distrl.roles.transfer import BlockFeeder, WeightPublisher, on_device
 
 
@@ -72,17 +73,18 @@ def test_a_threaded_feeder_hands_the_blocks_asked_for_cut_to_the_budget_of_the_c
 
     feeder = BlockFeeder(lambda n: asked.append(n) or n, receive, "cpu", ThreadPoolExecutor(1, "distrl-feed"))
     ready = feeder.take(3)
-    assert ready.size == 3 and ready.batches["obs"].dtype == torch.uint8  # frames stay bytes
-    np.testing.assert_array_equal(ready.batches["obs"].numpy(), blocks[3][0]["obs"])
+    assert ready.size == 3 and ready.batches["obs"].dtype == np.uint8  # frames stay bytes
+    np.testing.assert_array_equal(ready.batches["obs"], blocks[3][0]["obs"])
     feeder.ask(3)  # asked for before the next call's budget is known
     cut = feeder.take(2)
     assert cut.size == 2 and cut.host[1].shape == (2, 4) and cut.weights.shape == (2, 4)
-    np.testing.assert_array_equal(cut.batches["rewards"].numpy(), blocks[3][0]["rewards"][:2])
+    np.testing.assert_array_equal(cut.batches["rewards"], blocks[3][0]["rewards"][:2])
     assert asked == [3, 3] and all(name.startswith("distrl-feed") for name in fetched_on)
     assert feeder.take(1).size == 1 and asked == [3, 3, 1]
 
 
-def test_blocks_become_tensors_without_a_copy_on_the_cpu():
+def test_a_blocks_batches_become_an_updates_tensors_without_a_copy_on_the_cpu():
     batches = {"obs": np.zeros((2, 4, 3), np.float32)}
     ready = on_device((batches, None, None), "cpu")
-    assert ready.batches["obs"].data_ptr() == batches["obs"].__array_interface__["data"][0]
+    tensors = as_tensors({"obs": ready.batches["obs"][1]}, "cpu")
+    assert tensors["obs"].data_ptr() == batches["obs"][1].__array_interface__["data"][0]
