@@ -67,8 +67,10 @@ def main(argv=None) -> None:
     p.add_argument("--seconds", type=float, default=60.0)
     p.add_argument("--port", type=int, default=5555)
     a = p.parse_args(argv)
-    for n in a.clients:
-        print(json.dumps(run(n, a.seconds, a.port)), flush=True)
+    for k, n in enumerate(a.clients):
+        # Ports of their own per run: RLlib's local EnvRunner listens on the first port from a thread of this
+        # process, which outlives `algo.stop()`, so a second run here could not bind it.
+        print(json.dumps(run(n, a.seconds, a.port + 10 * k)), flush=True)
 
 
 if __name__ == "__main__":
