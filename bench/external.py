@@ -1,11 +1,12 @@
 """Env steps/s through the simulator server, against the same config's own rollout workers.
 
     python -m bench.external [--config configs/apex_dqn_cartpole.yaml] [--clients 1 2 4] [--seconds 15]
+                             [--client-envs 1] [--kinds workers workers_1env remote local]
 
-Per count N, four async-mode runs of the config: N client processes (`bench.external_sim`, each one
-gymnasium env, as a simulator would have) with remote inference, and with local inference; N own
-workers with the config's `env.num_envs`; and N own workers with one env each (exactly what a client
-has). Ratios are over the own workers of the same N. Each run's rate is its steady state from
+Per count N, four async-mode runs of the config (`--kinds`): N client processes (`bench.external_sim`,
+each one gymnasium env as a simulator would have, or `--client-envs` K side by side acting through
+`Client.get_actions`) with remote inference, and with local inference; N own workers with the config's
+`env.num_envs`; and N own workers with one env each (what a one-env client has). Ratios are over the own workers of the same N. Each run's rate is its steady state from
 metrics.csv over `--seconds` after a warm-up (then a clean stop). For a replay config the runs sample
 only (a replay minimum out of reach: the learner never trains, nothing holds the sources back); an
 on-policy config's runs learn (PPO's: the rate with its learner on, to set beside RLlib's external-env
@@ -27,16 +28,18 @@ from bench.common import ROOT, hardware, measured_commit, steady_rates, write_js
 CONFIG = os.path.join(ROOT, "configs", "apex_dqn_cartpole.yaml")
 WARMUP_S = 3.0  # sampling seconds left out of the rate: processes starting, weights arriving
 COMMON = ["eval.target_return=null", "log.progress=false", "log.interval_s=0.5", "eval.interval_s=30", "mode=async"]
+KINDS = ("workers", "workers_1env", "remote", "local")  # the runs per count: own workers, and clients
 SAMPLING_ONLY = ["replay.capacity=3000000", "replay.min_size=3000000"]  # a replay minimum out of reach: no learning
 
 
-def run(config: str, seconds: float, overrides: list[str], clients: int = 0, inference: str = "remote") -> dict:
+def run(config: str, seconds: float, overrides: list[str], clients: int = 0, inference: str = "remote",
+        client_envs: int = 1) -> dict:
     run_dir = tempfile.mkdtemp(prefix="bench-external-")
     os.rmdir(run_dir)
     cmd = [sys.executable, "-m", "distrl.cli", "train", config, "--run-dir", run_dir, "--max-seconds", "900",
            *[f"--set={o}" for o in COMMON + (SAMPLING_ONLY if replayed(config) else []) + overrides]]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    sims = simulators(run_dir, proc, clients, inference) if clients else []
+    sims = simulators(run_dir, proc, clients, inference, ("--envs", str(client_envs))) if clients else []
     try:
         sampled_for(run_dir, proc, WARMUP_S + seconds)
         proc.send_signal(signal.SIGINT)  # a clean stop: the summary is written
@@ -90,26 +93,28 @@ def main(argv=None) -> None:
     p.add_argument("--config", default=CONFIG)
     p.add_argument("--clients", type=int, nargs="+", default=[1, 2, 4])
     p.add_argument("--seconds", type=float, default=15.0)
-    p.add_argument("--out", default=None, help="default bench/results/external_<config name>.json")
+    p.add_argument("--client-envs", type=int, default=1,
+                   help="envs each client steps side by side, acting through Client.get_actions")
+    p.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS), help="which runs per count")
+    p.add_argument("--out", default=None,
+                   help="default bench/results/external_<config name>[_envs<K>].json")
     a = p.parse_args(argv)
     rows = []
     for n in a.clients:
-        rates = {
-            "workers": run(a.config, a.seconds, [f"workers={n}"]),
-            "workers_1env": run(a.config, a.seconds, [f"workers={n}", "env.num_envs=1"]),
-            "remote": run(a.config, a.seconds, ["external.enabled=true"], n, "remote"),
-            "local": run(a.config, a.seconds, ["external.enabled=true"], n, "local"),
-        }
-        steps = {k: v["env_steps_per_s"] for k, v in rates.items()}
-        row = {"n": n, **steps, "remote_vs_workers": steps["remote"] / steps["workers"],
-               "local_vs_workers": steps["local"] / steps["workers"],
-               "remote_vs_workers_1env": steps["remote"] / steps["workers_1env"],
-               "local_vs_workers_1env": steps["local"] / steps["workers_1env"]}
+        runs = {"workers": lambda: run(a.config, a.seconds, [f"workers={n}"]),
+                "workers_1env": lambda: run(a.config, a.seconds, [f"workers={n}", "env.num_envs=1"]),
+                **{mode: (lambda mode=mode: run(a.config, a.seconds, ["external.enabled=true"], n, mode, a.client_envs))
+                   for mode in ("remote", "local")}}
+        steps = {k: runs[k]()["env_steps_per_s"] for k in a.kinds}
+        row = {"n": n, "client_envs": a.client_envs, **steps,
+               **{f"{c}_vs_{w}": steps[c] / steps[w] for c in ("remote", "local") for w in ("workers", "workers_1env")
+                  if c in steps and w in steps}}
         print(row, flush=True)
         rows.append(row)
-    name = os.path.splitext(os.path.basename(a.config))[0]
-    write_json(a.out or os.path.join(ROOT, "bench", "results", f"external_{name}.json"), {"config": os.path.relpath(a.config, ROOT), "seconds": a.seconds, "rows": rows,
-                       "hardware": hardware(), "commit": measured_commit()})
+    name = os.path.splitext(os.path.basename(a.config))[0] + (f"_envs{a.client_envs}" if a.client_envs > 1 else "")
+    write_json(a.out or os.path.join(ROOT, "bench", "results", f"external_{name}.json"),
+               {"config": os.path.relpath(a.config, ROOT), "seconds": a.seconds, "client_envs": a.client_envs,
+                "rows": rows, "hardware": hardware(), "commit": measured_commit()})
 
 
 if __name__ == "__main__":

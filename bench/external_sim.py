@@ -1,7 +1,7 @@
-"""A simulator that owns its loop, as a user's would: a gymnasium env stepped by this process, acting
-through `distrl.client` (remote or local inference). Benchmarks and tests start several as OS processes.
+"""A simulator that owns its loop, as a user's would: a gymnasium env (or `--envs` of them side by side)
+stepped by this process, acting through `distrl.client` (remote or local inference). Benchmarks and tests start several as OS processes.
 
-    python -m bench.external_sim RUN_DIR [--inference local] [--seconds 60] [--seed 0]
+    python -m bench.external_sim RUN_DIR [--inference local] [--seconds 60] [--seed 0] [--envs 1]
 
 It waits for the run's address file (`Client.from_run_dir`), plays episodes until `--seconds` or `--episodes`, and prints one JSON
 line: steps, episodes, seconds, mean return.
@@ -39,6 +39,32 @@ def play(client: Client, env, seconds: float, episodes: int, seed: int) -> dict:
             "return_mean": sum(returns[-20:]) / max(1, len(returns[-20:])), "error": error}
 
 
+def play_many(client: Client, envs: list, seconds: float, seed: int) -> dict:
+    """`envs` stepped side by side, one episode open in each, their actions asked for at once
+    (`Client.get_actions`), as a simulator running many instances would."""
+    steps = done = 0
+    returns, start, error = [], time.time(), None
+    try:
+        obs = [env.reset(seed=seed + 1000 * i)[0] for i, env in enumerate(envs)]
+        episodes, totals = [client.start_episode() for _ in envs], [0.0] * len(envs)
+        while time.time() - start < seconds:
+            actions = client.get_actions(episodes, obs)
+            for i, env in enumerate(envs):
+                obs[i], reward, terminated, truncated, _ = env.step(actions[i])
+                client.log_returns(episodes[i], reward)
+                steps, totals[i] = steps + 1, totals[i] + reward
+                if terminated or truncated:
+                    client.end_episode(episodes[i], obs[i], truncated=truncated and not terminated)
+                    done += 1
+                    returns.append(totals[i])
+                    obs[i], totals[i] = env.reset()[0], 0.0
+                    episodes[i] = client.start_episode()
+    except ConnectionError as e:
+        error = str(e)
+    return {"steps": steps, "episodes": done, "seconds": round(time.time() - start, 3),
+            "return_mean": sum(returns[-20:]) / max(1, len(returns[-20:])), "error": error}
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser()
     p.add_argument("run_dir")
@@ -46,7 +72,8 @@ def main(argv=None) -> None:
     p.add_argument("--inference", default="remote", choices=["remote", "local"])
     p.add_argument("--encoding", default="msgpack", choices=["msgpack", "json"])
     p.add_argument("--seconds", type=float, default=60.0)
-    p.add_argument("--episodes", type=int, default=10**9)
+    p.add_argument("--episodes", type=int, default=10**9, help="(one env) episodes to play")
+    p.add_argument("--envs", type=int, default=1, help="envs stepped side by side, acting through get_actions")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--weights-interval", type=float, default=2.0)
     p.add_argument("--reconnect", type=float, default=60.0, help="seconds a lost server is waited for")
@@ -54,7 +81,10 @@ def main(argv=None) -> None:
     client = Client.from_run_dir(a.run_dir, inference=a.inference, encoding=a.encoding, seed=a.seed,
                                  weights_interval_s=a.weights_interval, reconnect_s=a.reconnect)
     try:
-        out = play(client, gym.make(a.env), a.seconds, a.episodes, a.seed)
+        if a.envs > 1:
+            out = play_many(client, [gym.make(a.env) for _ in range(a.envs)], a.seconds, a.seed)
+        else:
+            out = play(client, gym.make(a.env), a.seconds, a.episodes, a.seed)
     finally:
         client.close()
     print(json.dumps(out), flush=True)

@@ -7,6 +7,9 @@ the simulator owns (docs/guides/external-simulators.md; the protocol: docs/refer
     client.log_returns(episode, reward)
     client.end_episode(episode, final_obs)
 
+`get_actions(episode_ids, observations)` asks for several open episodes' actions at once (local inference:
+one pass of the network for all of them).
+
 Two inference modes: `remote` (the server runs the policy and answers each `get_action`) and `local`
 (the client pulls the newest weights as an ONNX file every `weights_interval_s` and acts itself with
 onnxruntime, sending its experience in batches of `send_steps` steps). Imports numpy and msgpack only
@@ -111,6 +114,18 @@ class Client:
                                        "obs": wire.pack_array(obs, self.encoding)})
         return _action(reply["action"])
 
+    def get_actions(self, episode_ids, obs) -> list:
+        """The actions to take in several open episodes at once (a simulator running many), `obs` one row
+        per episode. Local inference acts on all rows in one pass of the network; remote inference asks
+        the server once per episode (protocol 1 carries one observation per message)."""
+        eps = [self._open(e) for e in episode_ids]
+        obs = np.array(obs, self._obs_dtype())  # a copy: a vectorized simulator writes its next rows in place
+        if len(obs) != len(eps):
+            raise ValueError(f"{len(eps)} episodes but {len(obs)} observations")
+        if self.inference == "local":
+            return self._act_rows(eps, obs)
+        return [self.get_action(e, o) for e, o in zip(episode_ids, obs)]
+
     def log_returns(self, episode_id: str, reward: float) -> None:
         """Add `reward` to what the episode's last action earned."""
         ep = self._open(episode_id)
@@ -154,15 +169,20 @@ class Client:
 
     # --- local inference ------------------------------------------------------------
     def _act_locally(self, ep: _Episode, obs: np.ndarray):
+        return self._act_rows([ep], obs[None])[0]
+
+    def _act_rows(self, eps: list[_Episode], obs: np.ndarray) -> list:
         if self.actor is None or time.time() - self.pulled_at >= self.weights_interval_s:
             self._pull_weights()
-        action, extras = self.actor.act(obs, self.rng)
-        ep.rows.append((obs, action, extras, self.actor.version, ep.reward))
-        ep.reward = 0.0
-        self.buffered += 1
+        actions, extras = self.actor.act_rows(obs, self.rng)
+        version = self.actor.version
+        for i, ep in enumerate(eps):
+            ep.rows.append((obs[i], actions[i], {k: v[i] for k, v in extras.items()}, version, ep.reward))
+            ep.reward = 0.0
+        self.buffered += len(eps)
         if self.buffered >= self.send_steps:
             self._send_experience(force=False)
-        return action
+        return list(actions)
 
     def _pull_weights(self) -> None:
         from distrl.client.local import LocalActor

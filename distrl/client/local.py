@@ -13,7 +13,8 @@ from distrl.sampling import rule_from_wire
 
 
 class LocalActor:
-    """Acts with one version of the weights: `act(obs, rng)` -> (action, extras) for one observation."""
+    """Acts with one version of the weights: `act(obs, rng)` -> (action, extras) for one observation,
+    `act_rows` for a batch."""
 
     def __init__(self, model: bytes, rule: dict, version: int):
         try:
@@ -33,6 +34,10 @@ class LocalActor:
         self.rule = rule_from_wire(rule)
 
     def act(self, obs: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        values = self.session.run(self.outputs, {self.input: obs[None]})
-        actions, extras = self.rule.act(dict(zip(self.outputs, values)), rng, explore=True)
+        actions, extras = self.act_rows(obs[None], rng)
         return actions[0], {k: v[0] for k, v in extras.items()}
+
+    def act_rows(self, obs: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """(actions, extras) for a batch of observations, one row each: one pass of the network for all."""
+        values = self.session.run(self.outputs, {self.input: obs})
+        return self.rule.act(dict(zip(self.outputs, values)), rng, explore=True)

@@ -59,3 +59,10 @@ def test_local_acting_records_what_the_policy_records_with_the_same_randomness()
             assert set(extras) == set(their_extras)
             for k in extras:
                 np.testing.assert_allclose(extras[k], their_extras[k][0], rtol=1e-4, atol=1e-5)
+        # many rows at once (Client.get_actions): what the worker's policy does with the same rows
+        actions, extras = actor.act_rows(obs, np.random.default_rng(5))
+        worker.rng = np.random.default_rng(5)
+        their_actions, their_extras = worker.act(obs, explore=True)
+        np.testing.assert_allclose(actions, their_actions, atol=1e-5)
+        for k in extras:
+            np.testing.assert_allclose(extras[k], their_extras[k], rtol=1e-4, atol=1e-5)

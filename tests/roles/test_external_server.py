@@ -240,6 +240,28 @@ def test_local_inference_pulls_onnx_weights_and_sends_checked_experience(server)
     assert raw.ask({"type": "experience", "episodes": [seg]}) == {"type": "ok", "steps": 1}
 
 
+def test_local_inference_acts_for_many_episodes_at_once_and_sends_each_ones_steps(server):
+    client = Client(f"127.0.0.1:{server.port}", TOKEN, inference="local", send_steps=1000, seed=0)
+    episodes = [client.start_episode() for _ in range(4)]
+    shared = np.array([OBS] * 4, np.float32)
+    for step in range(4):
+        shared[:, 0] = step  # a vectorized simulator writes its next rows in place
+        actions = client.get_actions(episodes, shared)
+        assert len(actions) == 4 and all(a in (0, 1) for a in actions)
+        for episode in episodes:
+            client.log_returns(episode, 1.0)
+    with pytest.raises(ValueError, match="2 episodes but 4 observations"):
+        client.get_actions(episodes[:2], shared)
+    for episode in episodes:
+        client.end_episode(episode, OBS)
+    client.close()
+    data = server.take(1.0).data  # the server's fragments hold 2 x 8 steps: exactly these 16
+    assert data["rewards"].sum() == 16.0 and data["version"].min() == 7
+    # every row the observation it was given, each episode's steps in their order: (T, E) columns of 2 episodes
+    assert data["obs"].shape[:2] == (8, 2)
+    assert data["obs"][..., 0].T.reshape(-1).tolist() == [0.0, 1.0, 2.0, 3.0] * 4
+
+
 def test_a_client_reconnects_to_a_restarted_server_and_only_the_open_episode_is_cut():
     server = make_server()
     port = server.port
