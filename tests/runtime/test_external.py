@@ -14,6 +14,19 @@ from tests.runtime.processes import new_pids, snapshot
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STDLIB_SIM = os.path.join(ROOT, "tests", "runtime", "stdlib_sim.py")
+# A client that opens an episode, takes 5 actions (fewer than a chunk: all held by the server) and waits.
+MID_EPISODE = """
+import sys, time
+import numpy as np
+from distrl.client import Client
+client = Client.from_run_dir(sys.argv[1])
+episode = client.start_episode()
+for _ in range(5):
+    client.get_action(episode, np.zeros(4, np.float32))
+    client.log_returns(episode, 1.0)
+print("mid-episode", flush=True)
+time.sleep(600)
+"""
 
 
 def simulator(run_dir: str, seconds: float, seed: int, *args: str) -> subprocess.Popen:
@@ -61,19 +74,32 @@ def test_ppo_learns_cartpole_from_a_stdlib_simulator_and_a_local_inference_clien
 
 def test_the_run_survives_clients_killed_and_added_and_its_server_killed(ray_session, tmp_path):
     """Async mode: the server is a Ray actor. A client is SIGKILLed mid-episode (its episode's unsent part is
-    counted lost), then the server is SIGKILLed (Ray restarts it on its port, counted; the surviving client
-    reconnects and goes on), then a new client joins."""
+    counted lost), then the server is SIGKILLed (Ray restarts it on its port, counted; the two playing clients
+    reconnect and go on), then a new client joins."""
     run_dir = str(tmp_path / "run")
     before = snapshot("ExternalServer")
-    sims = [simulator(run_dir, 60, 1), simulator(run_dir, 60, 2, "--reconnect", "30")]
+    sims = [simulator(run_dir, 60, seed, "--reconnect", "30") for seed in (1, 2)]
     events: dict = {}
 
     def chaos():
         metrics = os.path.join(run_dir, "metrics.csv")
         while not (os.path.exists(metrics) and len(open(metrics).readlines()) > 3):
             time.sleep(0.1)
-        sims[0].send_signal(signal.SIGKILL)
-        time.sleep(3)  # the server reports the cut episode with its next fragment
+        cut = subprocess.Popen([sys.executable, "-c", MID_EPISODE, run_dir], cwd=ROOT, stdout=subprocess.PIPE,
+                               text=True)
+        sims.append(cut)
+        events["cut_client_said"] = cut.stdout.readline().strip()
+        cut.send_signal(signal.SIGKILL)
+        time.sleep(1)
+        # The server reports the cut episode with its next fragment: wait for steps counted two rows after the
+        # first row written once the cut was seen.
+        first = len(open(metrics).readlines()) + 1
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            steps = [int(line.split(",")[1]) for line in open(metrics).readlines()[first - 1:]]
+            if len(steps) >= 3 and steps[-1] > steps[0]:
+                break
+            time.sleep(0.1)
         events["steps_at_server_kill"] = int(open(metrics).readlines()[-1].split(",")[1])
         os.kill(new_pids("ExternalServer", before)[0], signal.SIGKILL)
         time.sleep(5)
@@ -91,12 +117,14 @@ def test_the_run_survives_clients_killed_and_added_and_its_server_killed(ray_ses
             p.kill()
         outs = [p.communicate(timeout=30) for p in sims]
     assert summary["failure"] is None, summary["failure"]
+    assert events.get("cut_client_said") == "mid-episode", events
     assert summary["external_restarts"] == 1 and summary["worker_restarts"] == 0
     ext = summary["external"]
-    assert ext["episodes_cut"] >= 1 and ext["steps_lost"] >= 1
-    assert ext["connections"] >= 4  # 2, the survivor again after the restart, the newcomer
+    assert ext.get("episodes_cut", 0) >= 1 and ext.get("steps_lost", 0) >= 5, ext  # 4 complete, 1 pending
+    assert ext["connections"] >= 6  # 2, the cut one, the 2 again after the restart, the newcomer
     assert summary["env_steps"] > events["steps_at_server_kill"] + 2000, (summary["env_steps"], events)
-    assert "Traceback" not in outs[1][1], outs[1][1][-2000:]  # the survivor reconnected without an error
+    for _, err in outs[:2]:  # the survivors reconnected without an error
+        assert "Traceback" not in err, err[-2000:]
 
 
 def test_single_modes_server_is_restarted_on_its_port_when_it_fails(tmp_path):
