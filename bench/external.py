@@ -10,7 +10,8 @@ each one gymnasium env as a simulator would have, or `--client-envs` K side by s
 metrics.csv over `--seconds` after a warm-up (then a clean stop). For a replay config the runs sample
 only (a replay minimum out of reach: the learner never trains, nothing holds the sources back); an
 on-policy config's runs learn (PPO's: the rate with its learner on, to set beside RLlib's external-env
-example, bench/peers/rllib_external.py).
+example, bench/peers/rllib_external.py), each update as large with N clients as with N own workers: the
+server is one fragment source, so its runs take `learner.fragments_per_update=N` (unless the config sets it).
 """
 from __future__ import annotations
 
@@ -75,6 +76,17 @@ def replayed(config: str) -> bool:
     return algorithm(load_config(config).algo).data_path == "replay"
 
 
+def same_update(config: str, n: int) -> list[str]:
+    """For an on-policy config, what makes a server's update the size of N own workers' (async mode takes
+    one fragment per source, and a server is one source): `learner.fragments_per_update` = N, unless
+    the config sets its own."""
+    from distrl.config import load_config
+    from distrl.registry import on_policy
+
+    cfg = load_config(config)
+    return [] if not on_policy(cfg.algo) or cfg.learner.fragments_per_update else [f"learner.fragments_per_update={n}"]
+
+
 def sampled_for(run_dir: str, proc: subprocess.Popen, seconds: float, timeout_s: float = 600.0) -> None:
     """Wait until the run's metrics rows span `seconds` of sampling (start-up, under load, varies)."""
     path, deadline = os.path.join(run_dir, "metrics.csv"), time.time() + timeout_s
@@ -103,7 +115,8 @@ def main(argv=None) -> None:
     for n in a.clients:
         runs = {"workers": lambda: run(a.config, a.seconds, [f"workers={n}"]),
                 "workers_1env": lambda: run(a.config, a.seconds, [f"workers={n}", "env.num_envs=1"]),
-                **{mode: (lambda mode=mode: run(a.config, a.seconds, ["external.enabled=true"], n, mode, a.client_envs))
+                **{mode: (lambda mode=mode: run(a.config, a.seconds, ["external.enabled=true", *same_update(a.config, n)],
+                                                n, mode, a.client_envs))
                    for mode in ("remote", "local")}}
         steps = {k: runs[k]()["env_steps_per_s"] for k in a.kinds}
         row = {"n": n, "client_envs": a.client_envs, **steps,

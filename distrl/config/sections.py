@@ -123,7 +123,8 @@ class LearnerConfig:
     cuda_graph: bool = f(True, "a replay learner on a CUDA device runs each update (forward, backward, optimizer "
                          "step) as one recorded CUDA graph (apex_dqn, r2d2, dhc, sac, cql); off: op by op. "
                          "Nothing changes on the CPU")
-    fragments_per_update: int = f(0, "on-policy: fragments per update (0 = one per worker)", lo=0)
+    fragments_per_update: int = f(0, "on-policy: fragments per update (0 = one per fragment source: each worker, and a "
+                                   "simulator server; one in single mode)", lo=0)
     num_gradient_workers: int = f(1, "processes that each compute the gradient of a share of every step's rows "
                                   "for the learner's one optimizer step (1 = the learner alone; sync and async "
                                   "modes; apex_dqn, impala, ppo, bc, and cql on discrete actions)", lo=1, hi=256)
