@@ -1,7 +1,7 @@
 """Env steps/s through the simulator server, against the same config's own rollout workers.
 
     python -m bench.external [--config configs/apex_dqn_cartpole.yaml] [--clients 1 2 4] [--seconds 15]
-                             [--client-envs 1] [--kinds workers workers_1env remote local]
+                             [--client-envs 1] [--send-steps 256] [--kinds workers workers_1env remote local]
 
 Per count N, four async-mode runs of the config (`--kinds`): N client processes (`bench.external_sim`,
 each one gymnasium env as a simulator would have, or `--client-envs` K side by side acting through
@@ -34,13 +34,13 @@ SAMPLING_ONLY = ["replay.capacity=3000000", "replay.min_size=3000000"]  # a repl
 
 
 def run(config: str, seconds: float, overrides: list[str], clients: int = 0, inference: str = "remote",
-        client_envs: int = 1) -> dict:
+        client_args: tuple[str, ...] = ()) -> dict:
     run_dir = tempfile.mkdtemp(prefix="bench-external-")
     os.rmdir(run_dir)
     cmd = [sys.executable, "-m", "distrl.cli", "train", config, "--run-dir", run_dir, "--max-seconds", "900",
            *[f"--set={o}" for o in COMMON + (SAMPLING_ONLY if replayed(config) else []) + overrides]]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    sims = simulators(run_dir, proc, clients, inference, ("--envs", str(client_envs))) if clients else []
+    sims = simulators(run_dir, proc, clients, inference, client_args) if clients else []
     try:
         sampled_for(run_dir, proc, WARMUP_S + seconds)
         proc.send_signal(signal.SIGINT)  # a clean stop: the summary is written
@@ -107,24 +107,26 @@ def main(argv=None) -> None:
     p.add_argument("--seconds", type=float, default=15.0)
     p.add_argument("--client-envs", type=int, default=1,
                    help="envs each client steps side by side, acting through Client.get_actions")
+    p.add_argument("--send-steps", type=int, default=256, help="local inference: steps per experience message")
     p.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS), help="which runs per count")
     p.add_argument("--out", default=None,
                    help="default bench/results/external_<config name>[_envs<K>].json")
     a = p.parse_args(argv)
-    rows = []
+    rows, client_args = [], ("--envs", str(a.client_envs), "--send-steps", str(a.send_steps))
     for n in a.clients:
         runs = {"workers": lambda: run(a.config, a.seconds, [f"workers={n}"]),
                 "workers_1env": lambda: run(a.config, a.seconds, [f"workers={n}", "env.num_envs=1"]),
                 **{mode: (lambda mode=mode: run(a.config, a.seconds, ["external.enabled=true", *same_update(a.config, n)],
-                                                n, mode, a.client_envs))
+                                                n, mode, client_args))
                    for mode in ("remote", "local")}}
         steps = {k: runs[k]()["env_steps_per_s"] for k in a.kinds}
-        row = {"n": n, "client_envs": a.client_envs, **steps,
+        row = {"n": n, "client_envs": a.client_envs, "send_steps": a.send_steps, **steps,
                **{f"{c}_vs_{w}": steps[c] / steps[w] for c in ("remote", "local") for w in ("workers", "workers_1env")
                   if c in steps and w in steps}}
         print(row, flush=True)
         rows.append(row)
-    name = os.path.splitext(os.path.basename(a.config))[0] + (f"_envs{a.client_envs}" if a.client_envs > 1 else "")
+    name = os.path.splitext(os.path.basename(a.config))[0] + (f"_envs{a.client_envs}" if a.client_envs > 1 else "") \
+        + (f"_send{a.send_steps}" if a.send_steps != 256 else "")
     write_json(a.out or os.path.join(ROOT, "bench", "results", f"external_{name}.json"),
                {"config": os.path.relpath(a.config, ROOT), "seconds": a.seconds, "client_envs": a.client_envs,
                 "rows": rows, "hardware": hardware(), "commit": measured_commit()})

@@ -17,6 +17,7 @@ onnxruntime, sending its experience in batches of `send_steps` steps). Imports n
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import socket
@@ -26,6 +27,7 @@ import uuid
 import numpy as np
 
 from distrl.client import wire
+from distrl.client.steps import StepBuffer
 
 __all__ = ["Client", "ServerError"]
 
@@ -39,12 +41,13 @@ class ServerError(Exception):
 
 
 class _Episode:
-    """An open episode on the client: the reward since its last action and, in local inference, its steps
-    not yet sent (each row: obs, action, extras, weights version, reward after the action)."""
+    """An open episode on the client: the reward since its last action (local inference: before its first)
+    and, in local inference, where its newest step not yet sent is in the client's `StepBuffer`."""
 
-    def __init__(self):
+    def __init__(self, slot: int):
         self.reward = 0.0
-        self.rows: list[tuple] = []
+        self.slot = slot  # tags its rows in the step buffer
+        self.last: tuple[int, int] | None = None  # (block, row) of its newest unsent step
         self.started = False  # the server knows it (local inference: a batch carried its start)
         self.end: tuple | None = None  # (final obs, truncated) once ended
 
@@ -69,8 +72,9 @@ class Client:
         self.actor = None  # local inference: the newest weights as an onnxruntime session (`LocalActor`)
         self.pulled_at = 0.0
         self.welcome: dict = {}
-        self.buffered = 0  # local inference: rows held for the next batch
-        self._sent: list[tuple[str, int]] = []  # what the last experience message carried: (episode, steps)
+        self.steps = StepBuffer()  # local inference: rows held for the next batch
+        self.slots = itertools.count()
+        self._sent: tuple = ()  # what the last experience message carried (`_experience_message`)
         self._request(lambda: None)  # connect now: a wrong token or address fails here
 
     @classmethod
@@ -97,7 +101,7 @@ class Client:
         episode_id = str(episode_id) if episode_id is not None else uuid.uuid4().hex
         if episode_id in self.episodes:
             raise ValueError(f"episode {episode_id!r} is already open")
-        self.episodes[episode_id] = _Episode()
+        self.episodes[episode_id] = _Episode(next(self.slots))
         if self.inference == "remote":
             self._request(lambda: {"type": "start_episode", "episode": episode_id})
             self.episodes[episode_id].started = True
@@ -129,9 +133,8 @@ class Client:
     def log_returns(self, episode_id: str, reward: float) -> None:
         """Add `reward` to what the episode's last action earned."""
         ep = self._open(episode_id)
-        if self.inference == "local" and ep.rows:
-            obs, action, extras, version, earned = ep.rows[-1]
-            ep.rows[-1] = (obs, action, extras, version, earned + float(reward))
+        if self.inference == "local" and ep.last is not None:
+            self.steps.add_reward(ep.last, float(reward))
         else:
             ep.reward += float(reward)
 
@@ -169,18 +172,18 @@ class Client:
 
     # --- local inference ------------------------------------------------------------
     def _act_locally(self, ep: _Episode, obs: np.ndarray):
-        return self._act_rows([ep], obs[None])[0]
+        return self._act_rows([ep], np.array(obs[None]))[0]  # a copy: the simulator may reuse its array
 
     def _act_rows(self, eps: list[_Episode], obs: np.ndarray) -> list:
         if self.actor is None or time.time() - self.pulled_at >= self.weights_interval_s:
             self._pull_weights()
         actions, extras = self.actor.act_rows(obs, self.rng)
-        version = self.actor.version
+        rewards = np.array([ep.reward for ep in eps], np.float64)
+        block = self.steps.add(np.array([ep.slot for ep in eps], np.int64), obs, actions, extras,
+                               self.actor.version, rewards)
         for i, ep in enumerate(eps):
-            ep.rows.append((obs[i], actions[i], {k: v[i] for k, v in extras.items()}, version, ep.reward))
-            ep.reward = 0.0
-        self.buffered += len(eps)
-        if self.buffered >= self.send_steps:
+            ep.last, ep.reward = (block, i), 0.0
+        if self.steps.rows >= self.send_steps:
             self._send_experience(force=False)
         return list(actions)
 
@@ -198,34 +201,37 @@ class Client:
     def _send_experience(self, force: bool) -> None:
         """One batch of every episode's steps whose reward is final (an open episode's last step waits for
         its next action); ended episodes leave. `force`: send even a small batch."""
-        if not force and self.buffered < self.send_steps:
+        if not force and self.steps.rows < self.send_steps:
             return
-        segments = self._request(self._experience_message, keep=True)
-        for episode_id, sent in segments:
+        sent, held, columns, hold = self._request(self._experience_message, keep=True)
+        self.steps.keep(columns, hold)
+        for j, ep in enumerate(held):
+            ep.last = (0, j)
+        for episode_id in sent:
             ep = self.episodes[episode_id]
-            ep.rows, ep.started = ep.rows[sent:], True
-            self.buffered -= sent
+            ep.started = True
             if ep.end is not None:
                 del self.episodes[episode_id]
 
     def _experience_message(self) -> dict:
+        held = [ep for ep in self.episodes.values() if ep.end is None and ep.last is not None]
+        columns, hold, rows = self.steps.split([ep.last for ep in held])
         segments, sent = [], []
         for episode_id, ep in self.episodes.items():
-            rows = ep.rows if ep.end is not None else ep.rows[:-1]
-            if not rows and ep.end is None:
+            mine = rows.get(ep.slot)
+            if mine is None and ep.end is None:
                 continue
             seg = {"episode": episode_id, "start": not ep.started, "end": None}
-            if rows:
-                obs, actions, extras, versions, rewards = zip(*rows)
-                seg.update(obs=self._pack(np.stack(obs)), actions=self._pack(np.stack(actions)),
-                           rewards=self._pack(np.asarray(rewards, np.float32)),
-                           versions=self._pack(np.asarray(versions, np.int64)),
-                           extras={k: self._pack(np.stack([e[k] for e in extras])) for k in extras[0]})
+            if mine is not None:
+                seg.update(obs=self._pack(columns["obs"][mine]), actions=self._pack(columns["actions"][mine]),
+                           rewards=self._pack(columns["rewards"][mine].astype(np.float32)),
+                           versions=self._pack(columns["versions"][mine]),
+                           extras={k[2:]: self._pack(v[mine]) for k, v in columns.items() if k.startswith("x/")})
             if ep.end is not None:
                 seg["end"] = {"obs": self._pack(ep.end[0]), "truncated": ep.end[1]}
             segments.append(seg)
-            sent.append((episode_id, len(rows)))
-        self._sent = sent
+            sent.append(episode_id)
+        self._sent = (sent, held, columns, hold)
         return {"type": "experience", "episodes": segments}
 
     def _pack(self, a: np.ndarray) -> dict:
