@@ -1,7 +1,7 @@
 """Env steps/s through the simulator server, against the same config's own rollout workers.
 
     python -m bench.external [--config configs/apex_dqn_cartpole.yaml] [--clients 1 2 4] [--seconds 15]
-                             [--client-envs 1] [--send-steps 256] [--kinds workers workers_1env remote local]
+                             [--client-envs 1] [--send-steps N] [--kinds workers workers_1env remote local]
 
 Per count N, four async-mode runs of the config (`--kinds`): N client processes (`bench.external_sim`,
 each one gymnasium env as a simulator would have, or `--client-envs` K side by side acting through
@@ -107,12 +107,14 @@ def main(argv=None) -> None:
     p.add_argument("--seconds", type=float, default=15.0)
     p.add_argument("--client-envs", type=int, default=1,
                    help="envs each client steps side by side, acting through Client.get_actions")
-    p.add_argument("--send-steps", type=int, default=256, help="local inference: steps per experience message")
+    p.add_argument("--send-steps", type=int, default=None,
+                   help="local inference: steps per experience message (default: the client's)")
     p.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS), help="which runs per count")
     p.add_argument("--out", default=None,
                    help="default bench/results/external_<config name>[_envs<K>].json")
     a = p.parse_args(argv)
-    rows, client_args = [], ("--envs", str(a.client_envs), "--send-steps", str(a.send_steps))
+    rows = []
+    client_args = ("--envs", str(a.client_envs), *(("--send-steps", str(a.send_steps)) if a.send_steps else ()))
     for n in a.clients:
         runs = {"workers": lambda: run(a.config, a.seconds, [f"workers={n}"]),
                 "workers_1env": lambda: run(a.config, a.seconds, [f"workers={n}", "env.num_envs=1"]),
@@ -126,7 +128,7 @@ def main(argv=None) -> None:
         print(row, flush=True)
         rows.append(row)
     name = os.path.splitext(os.path.basename(a.config))[0] + (f"_envs{a.client_envs}" if a.client_envs > 1 else "") \
-        + (f"_send{a.send_steps}" if a.send_steps != 256 else "")
+        + (f"_send{a.send_steps}" if a.send_steps else "")
     write_json(a.out or os.path.join(ROOT, "bench", "results", f"external_{name}.json"),
                {"config": os.path.relpath(a.config, ROOT), "seconds": a.seconds, "client_envs": a.client_envs,
                 "rows": rows, "hardware": hardware(), "commit": measured_commit()})

@@ -76,7 +76,8 @@ def main(argv=None) -> None:
     p.add_argument("--envs", type=int, default=1, help="envs stepped side by side, acting through get_actions")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--weights-interval", type=float, default=2.0)
-    p.add_argument("--send-steps", type=int, default=256, help="local inference: steps per experience message")
+    p.add_argument("--send-steps", type=int, default=None,
+                   help="local inference: steps per experience message (default: the client's)")
     p.add_argument("--reconnect", type=float, default=60.0, help="seconds a lost server is waited for")
     a = p.parse_args(argv)
     client = Client.from_run_dir(a.run_dir, inference=a.inference, encoding=a.encoding, seed=a.seed,

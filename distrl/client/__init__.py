@@ -12,7 +12,8 @@ one pass of the network for all of them).
 
 Two inference modes: `remote` (the server runs the policy and answers each `get_action`) and `local`
 (the client pulls the newest weights as an ONNX file every `weights_interval_s` and acts itself with
-onnxruntime, sending its experience in batches of `send_steps` steps). Imports numpy and msgpack only
+onnxruntime, sending its experience in batches of `send_steps` steps: by default 256, or 64 acting calls'
+rows for a simulator acting for many episodes at once, whichever is more). Imports numpy and msgpack only
 (and onnxruntime for local inference): no torch, no Ray.
 """
 from __future__ import annotations
@@ -30,6 +31,8 @@ from distrl.client import wire
 from distrl.client.steps import StepBuffer
 
 __all__ = ["Client", "ServerError"]
+
+SEND_STEPS, SEND_CALLS = 256, 64  # local inference's default batch: steps, or acting calls' rows if more
 
 
 class ServerError(Exception):
@@ -54,10 +57,12 @@ class _Episode:
 
 class Client:
     def __init__(self, address, token: str, *, inference: str = "remote", encoding: str = "msgpack",
-                 weights_interval_s: float = 10.0, send_steps: int = 256, reconnect_s: float = 60.0,
+                 weights_interval_s: float = 10.0, send_steps: int | None = None, reconnect_s: float = 60.0,
                  seed: int | None = None, name: str = ""):
         """`address`: "host:port" or (host, port). `reconnect_s`: how long a lost connection is retried (the
-        server restarting, or not up yet) before the call raises."""
+        server restarting, or not up yet) before the call raises. `send_steps` (local inference): steps per
+        experience message; None: 256, or 64 acting calls' rows where a call acts for many episodes. A batch
+        also goes once it holds half the server's `max_message_bytes`."""
         if inference not in ("remote", "local"):
             raise ValueError(f"inference must be remote or local, got {inference!r}")
         if encoding not in wire.ENCODINGS:
@@ -73,6 +78,7 @@ class Client:
         self.pulled_at = 0.0
         self.welcome: dict = {}
         self.steps = StepBuffer()  # local inference: rows held for the next batch
+        self.batch_rows = send_steps or SEND_STEPS
         self.slots = itertools.count()
         self._sent: tuple = ()  # what the last experience message carried (`_experience_message`)
         self._request(lambda: None)  # connect now: a wrong token or address fails here
@@ -183,8 +189,8 @@ class Client:
                                self.actor.version, rewards)
         for i, ep in enumerate(eps):
             ep.last, ep.reward = (block, i), 0.0
-        if self.steps.rows >= self.send_steps:
-            self._send_experience(force=False)
+        self.batch_rows = self.send_steps or max(SEND_STEPS, SEND_CALLS * len(eps))
+        self._send_experience(force=False)
         return list(actions)
 
     def _pull_weights(self) -> None:
@@ -201,7 +207,8 @@ class Client:
     def _send_experience(self, force: bool) -> None:
         """One batch of every episode's steps whose reward is final (an open episode's last step waits for
         its next action); ended episodes leave. `force`: send even a small batch."""
-        if not force and self.steps.rows < self.send_steps:
+        if not force and self.steps.rows < self.batch_rows and \
+                self.steps.nbytes < self.welcome.get("max_message_bytes", wire.MAX_MESSAGE_BYTES) // 2:
             return
         sent, held, columns, hold = self._request(self._experience_message, keep=True)
         self.steps.keep(columns, hold)

@@ -13,6 +13,7 @@ class StepBuffer:
     def __init__(self):
         self.blocks: list[dict[str, np.ndarray]] = []
         self.rows = 0
+        self.nbytes = 0  # what the held rows' arrays take
 
     def add(self, slots: np.ndarray, obs: np.ndarray, actions: np.ndarray, extras: dict[str, np.ndarray],
             version: int, rewards: np.ndarray) -> int:
@@ -21,6 +22,7 @@ class StepBuffer:
                             "versions": np.full(len(slots), version, np.int64),
                             **{"x/" + k: v for k, v in extras.items()}})
         self.rows += len(slots)
+        self.nbytes += sum(v.nbytes for v in self.blocks[-1].values())
         return len(self.blocks) - 1
 
     def add_reward(self, row: tuple[int, int], reward: float) -> None:
@@ -45,3 +47,4 @@ class StepBuffer:
         """After a message went: only the held rows stay, as one block in the order they were held."""
         self.blocks = [{k: v[hold] for k, v in columns.items()}] if len(hold) else []
         self.rows = len(hold)
+        self.nbytes = sum(v.nbytes for b in self.blocks for v in b.values())

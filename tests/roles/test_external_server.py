@@ -302,3 +302,59 @@ def test_an_episode_being_started_when_the_connection_drops_is_announced_once_on
     for episode in (old, new):
         assert client.get_action(episode, OBS) in (0, 1)
     client.close()
+
+
+class Taker:
+    """Takes the server's fragments as the run's driver does (a held-back server stops reading), summing
+    the counts they carry."""
+
+    def __init__(self, server):
+        self.server, self.counts, self.done = server, {}, threading.Event()
+        self.thread = threading.Thread(target=self._run)
+        self.thread.start()
+
+    def _run(self):
+        while not self.done.is_set():
+            for name, n in self.server.take(0.05).info.counts.items():
+                self.counts[name] = self.counts.get(name, 0) + n if name != "clients" else n
+
+    def stop(self) -> dict:
+        self.done.set()
+        self.thread.join(10)
+        return self.counts
+
+
+def test_local_inference_sends_64_calls_of_many_rows_at_once_by_default(server):
+    """A simulator acting for 16 episodes per call sends after 64 calls (1,024 rows, more than 256)."""
+    client = Client(f"127.0.0.1:{server.port}", TOKEN, inference="local", seed=0)
+    episodes = [client.start_episode() for _ in range(16)]
+    obs = np.array([OBS] * 16, np.float32)
+    for _ in range(63):
+        client.get_actions(episodes, obs)
+    assert server.take(0.0).info.counts.get("steps", 0) == 0
+    taker = Taker(server)
+    try:
+        client.get_actions(episodes, obs)  # the 64th: every episode's 63 rows but its newest go
+        time.sleep(0.5)
+        assert taker.counts["steps"] == 16 * 62  # the last sent waits on the server for its next observation
+    finally:
+        client.close()
+        taker.stop()
+
+
+def test_local_inference_sends_before_a_batch_nears_the_servers_message_limit():
+    server = make_server(max_message_bytes=4096)
+    taker = Taker(server)
+    try:
+        client = Client(f"127.0.0.1:{server.port}", TOKEN, inference="local", send_steps=10**6, seed=0)
+        episode = client.start_episode()
+        for _ in range(200):
+            client.log_returns(episode, 1.0)
+            client.get_action(episode, OBS)
+        time.sleep(0.5)
+        counts = dict(taker.counts)
+        client.close()
+    finally:
+        taker.stop()
+        server.close()
+    assert counts["steps"] >= 150 and "errors" not in counts, counts  # several messages, each under the limit
