@@ -41,4 +41,3 @@ class LocalActor:
         """(actions, extras) for a batch of observations, one row each: one pass of the network for all."""
         values = self.session.run(self.outputs, {self.input: obs})
         return self.rule.act(dict(zip(self.outputs, values)), rng, explore=True)
-
