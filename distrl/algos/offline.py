@@ -24,6 +24,7 @@ class OfflineAlgorithm(NetworkAlgorithm):
 
     offline = True
     data_path = "replay"
+    modes = ("single", "sync")  # async mode paces workers, and an offline run has none
 
     def dataset_items(self, steps) -> Batch:
         """The replay items of a dataset's steps (a `distrl.data.datasets.Transitions`)."""

@@ -68,3 +68,22 @@ def test_range_text():
     assert config_ref.range_text({"item_lo": 1, "min_items": 0}) == "a list of ints ≥ 1"
     assert config_ref.range_text({"item_lo": 1, "min_items": 1}) == "a non-empty list of ints ≥ 1"
     assert config_ref.range_text({}) == ""
+
+
+def test_the_algorithms_table_says_what_each_algorithm_declares():
+    """docs/concepts/algorithms.md's table is written by hand: its modes, action spaces and data paths are the
+    ones the algorithms declare (the checks refuse a mode that is not on an algorithm's class)."""
+    from pathlib import Path
+
+    from distrl.registry import algorithm
+
+    table = Path(__file__).parents[2] / "docs" / "concepts" / "algorithms.md"
+    rows = {m[0]: m[1:] for m in re.findall(r"^\| `(\w+)` \| ([^|]+) \| ([^|]+) \| ([^|]+) \|", table.read_text(),
+                                          flags=re.M)}
+    rows.pop("algo")  # the header
+    assert set(rows) == set(ALGORITHMS)
+    for name, (actions, data_path, modes) in rows.items():
+        a = algorithm(name)
+        assert [m.strip() for m in modes.split(",")] == list(a.modes), name
+        assert {w.lower() for w in re.findall(r"Discrete|Box", actions)} == set(a.actions), name
+        assert a.data_path in data_path or (a.offline and "data.dataset" in data_path), name
