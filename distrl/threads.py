@@ -35,42 +35,60 @@ def torch_threads(n: int) -> None:
     sys.modules["torch"].set_num_threads(n)
 
 
+MIN_TRIAL_UPDATES = 2  # per side of a trial cut short by its time: one update's time is too noisy
+
+
 class ThreadChoice:
     """How many torch threads a CPU learner trains with: `most` (the cores nothing else uses while it
     trains), or 1, whichever gave the faster updates. Small networks lose to thread hand-offs and a busy
     machine's other processes, big convolutions gain: it is measured, on this machine and this network.
-    Calls alternate between the two until each has trained `trial_updates` updates, the faster is kept,
+    Calls alternate between the two until each has trained `trial_updates` updates or, for updates that
+    cost a second or more (a big network's, a big batch's), `trial_s` seconds of them; the faster is kept,
     and the trial is run again every `recheck_s` seconds (what else runs may change)."""
 
     def __init__(self, most: int, fixed: bool = False, trial_updates: int = 64, recheck_s: float = 300.0,
-                 free_cores=None):
-        """`free_cores()`: cores other processes leave this one now (by default from the load average): with
-        fewer than `most` (other processes busy on this machine) the learner trains on one, unmeasured."""
-        self.most, self.trial_updates, self.recheck_s = max(1, most), trial_updates, recheck_s
-        self.free_cores = free_cores or _free_cores
+                 free_cores=None, trial_s: float = 2.0):
+        """`free_cores()`: cores other processes leave this one now (by default what they used during the
+        learner's recent calls, `OthersBusy`): with fewer than `most` (other processes busy on this machine)
+        the learner trains on one, and the trial does not count that call."""
+        self.most, self.trial_updates, self.recheck_s, self.trial_s = max(1, most), trial_updates, recheck_s, trial_s
         self.fixed = fixed or self.most == 1  # `most` threads, never measured
+        self.others = OthersBusy() if free_cores is None and not self.fixed else None
+        self.free_cores = free_cores or (self.others.free_cores if self.others else lambda: float(self.most))
         self.trial: dict[int, list[float]] = {}  # threads -> [seconds, updates] in this trial
         self.chosen: int | None = self.most if self.fixed else None
+        self.forced = False  # the last call was given one thread because other processes were busy
         self.chosen_at = 0.0
 
     def threads(self) -> int:
         """The count for the next learner call."""
         import time
 
+        if self.others is not None:
+            self.others.mark()
         if not self.fixed and self.chosen is not None and time.monotonic() - self.chosen_at > self.recheck_s:
             self.chosen, self.trial = None, {}
-        if not self.fixed and self.free_cores() < self.most - 0.5:  # busy: more threads would wait on each other
+        self.forced = not self.fixed and self.free_cores() < self.most - 0.5
+        if self.forced:  # busy: more threads would wait on each other
             return 1
         if self.chosen is not None:
             return self.chosen
-        short = [n for n in (1, self.most) if self.trial.get(n, [0.0, 0])[1] < self.trial_updates]
+        short = [n for n in (1, self.most) if not self._measured(n)]
         return min(short, key=lambda n: self.trial.get(n, [0.0, 0])[1])
+
+    def _measured(self, threads: int) -> bool:
+        seconds, updates = self.trial.get(threads, [0.0, 0])
+        return updates >= self.trial_updates or (seconds >= self.trial_s and updates >= MIN_TRIAL_UPDATES)
 
     def record(self, threads: int, seconds: float, updates: int) -> None:
         """A call's time training `updates` updates on `threads` threads."""
         import time
 
-        if self.chosen is not None or updates <= 0:
+        if self.others is not None:
+            self.others.read()
+        # A call made on one thread for a busy machine, or during which the machine turned busy, says nothing
+        # about which count trains faster.
+        if self.chosen is not None or updates <= 0 or self.forced or self.free_cores() < self.most - 0.5:
             return
         spent = self.trial.setdefault(threads, [0.0, 0])
         spent[0] += seconds
@@ -79,17 +97,70 @@ class ThreadChoice:
         if one and most and most[0] / most[1] > 2 * one[0] / one[1]:  # far slower: no need to measure on
             self.chosen, self.chosen_at = 1, time.monotonic()
             return
-        if all(self.trial.get(n, [0.0, 0])[1] >= self.trial_updates for n in (1, self.most)):
+        if all(self._measured(n) for n in (1, self.most)):
             self.chosen = min((1, self.most), key=lambda n: self.trial[n][0] / self.trial[n][1])
             self.chosen_at = time.monotonic()
 
 
-def _free_cores() -> float:
-    """Cores the last minute's load average leaves this process (itself, running, counted in the load)."""
+class OthersBusy:
+    """How many of this process's CPUs other processes keep busy while the learner trains: the CPUs' busy
+    time (/proc/stat) less this process's own (/proc/self/stat), over the learner's calls only (`mark`
+    before one, `read` after it), pooled until half a second of them is seen. Sampling between calls is
+    not counted: in sync mode the workers sample while the learner waits, and are idle while it trains.
+    (A load average would count the learner's own threads, and the minute before.) Where /proc is not
+    there, the load average stands in."""
+
+    WINDOW_S = 0.5
+
+    def __init__(self):
+        self.cores = 0.0  # the newest estimate; none is taken before the first window
+        self.start: tuple[float, float, float] | None = None
+        self.pooled = [0.0, 0.0]  # [others' busy CPU-seconds, wall seconds] of the calls since the last estimate
+
+    def free_cores(self) -> float:
+        """Cores the other processes leave this one."""
+        if not os.path.exists("/proc/stat"):
+            try:
+                return usable_cpus() - os.getloadavg()[0] + 1.0  # itself, running, counted in the load
+            except OSError:
+                return 0.0
+        return usable_cpus() - self.cores
+
+    def mark(self) -> None:
+        self.start = _cpu_seconds()
+
+    def read(self) -> None:
+        if self.start is None:
+            return
+        now, then, self.start = _cpu_seconds(), self.start, None
+        if now is None or then is None:
+            return
+        wall, machine, own = (a - b for a, b in zip(now, then))
+        self.pooled[0] += max(0.0, machine - own)
+        self.pooled[1] += wall
+        if self.pooled[1] >= self.WINDOW_S:
+            self.cores, self.pooled = self.pooled[0] / self.pooled[1], [0.0, 0.0]
+
+
+def _cpu_seconds() -> tuple[float, float, float] | None:
+    """(now, busy CPU-seconds of this process's CPUs, this process's CPU-seconds), or None without /proc."""
+    import time
+
     try:
-        return usable_cpus() - os.getloadavg()[0] + 1.0
-    except OSError:
-        return 0.0
+        tick = os.sysconf("SC_CLK_TCK")
+        cpus = {f"cpu{n}" for n in (os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else ())}
+        busy = 0
+        with open("/proc/stat") as fh:
+            for line in fh:
+                name, *fields = line.split()
+                if name in cpus:  # user nice system idle iowait irq softirq steal: all but idle and iowait
+                    values = [int(v) for v in fields[:8]]
+                    busy += sum(values) - values[3] - values[4]
+        with open("/proc/self/stat") as fh:
+            utime, stime = (int(v) for v in fh.read().rsplit(")", 1)[1].split()[11:13])
+        return time.monotonic(), busy / tick, (utime + stime) / tick
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def learner_threads(fixed: int, mode: str, workers: int, cpus: int, deterministic: bool) -> ThreadChoice:

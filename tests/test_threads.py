@@ -73,3 +73,44 @@ def test_a_learner_loop_trains_on_the_chosen_threads_and_samples_on_one():
     loop.threads = ThreadChoice(2, fixed=True)
     loop.train(4)
     assert seen == [2] * 4 and torch.get_num_threads() == 1
+
+
+def test_a_trial_of_slow_updates_ends_on_its_time_not_its_update_count():
+    """Updates of seconds each (Atari PPO's 1,024 frames): 64 a side would take minutes, most of a short run,
+    half of them on the slower side; two a side past `trial_s` decide."""
+    choice = ThreadChoice(2, trial_updates=64, trial_s=2.0, free_cores=lambda: 2.0)
+    seconds_per_update, tried = {1: 2.8, 2: 1.5}, []
+    while choice.chosen is None:
+        n = choice.threads()
+        tried.append(n)
+        choice.record(n, seconds_per_update[n], 1)
+    assert choice.chosen == 2 and sorted(tried) == [1, 1, 2, 2]
+    quick = ThreadChoice(2, trial_updates=64, trial_s=2.0, free_cores=lambda: 2.0)
+    quick.record(1, 5.0, 1)  # one slow call (a start-up's first update): not yet a measurement
+    assert quick.chosen is None and quick.threads() == 2
+
+
+def test_other_processes_busy_while_the_learner_trains_are_counted_and_its_own_threads_are_not():
+    import subprocess
+    import sys
+
+    from distrl.threads import OthersBusy
+
+    others = OthersBusy()
+    spinner = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time() + 3\nwhile time.time() < t: pass"])
+    try:
+        time.sleep(0.5)  # started
+        others.mark()
+        time.sleep(1.0)  # a "call" during which another process keeps a core busy
+        others.read()
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert others.cores >= 0.6, others.cores
+    others.mark()
+    end = time.time() + 1.0
+    x = torch.ones(256, 256)
+    while time.time() < end:  # this process busy: not another's load
+        x = torch.tanh(x @ x)
+    others.read()
+    assert others.cores < 1.5, others.cores

@@ -128,6 +128,7 @@ _METHODS: dict[str, Callable] = {
     "expand_as": lambda x, other: np.broadcast_to(x, other.shape), "mean": _mean, "sum": _sum,
     "reshape": lambda x, *shape: x.reshape(*shape), "view": lambda x, *shape: x.reshape(*shape),
     "relu": _relu, "sigmoid": _sigmoid,
+    "div_": operator.truediv,  # a torso's in-place scaling of its own float copy: the value is what counts here
 }
 
 

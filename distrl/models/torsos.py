@@ -37,9 +37,12 @@ class InputScale(nn.Module):
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         x = obs.to(torch.float32)
+        if self.divisor is None:
+            return x
         # A division, not a multiply by 1/255: that rounds 126 of the 256 values differently from the
-        # frame a user scales by hand (frame / 255).
-        return x / self.divisor if self.divisor is not None else x
+        # frame a user scales by hand (frame / 255). In place on the float copy: a learner's batch of frames
+        # is tens of MB, and a second buffer of that size costs more than the division.
+        return x.div_(self.divisor) if x is not obs else x / self.divisor
 
 
 def mlp(sizes: list[int], activation: type[nn.Module] = nn.ReLU, last_activation: bool = True) -> nn.Sequential:
