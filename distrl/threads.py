@@ -36,15 +36,20 @@ def torch_threads(n: int) -> None:
 
 
 MIN_TRIAL_UPDATES = 2  # per side of a trial cut short by its time: one update's time is too noisy
+# An update this quick on one thread (a small MLP's) is too fine-grained for more threads to pay: their
+# hand-offs per op cost more than they share. No trial then: its updates on more threads would also split
+# sums differently, and a seed would take another trajectory than on one thread.
+SMALL_UPDATE_S = 0.005
 
 
 class ThreadChoice:
     """How many torch threads a CPU learner trains with: `most` (the cores nothing else uses while it
     trains), or 1, whichever gave the faster updates. Small networks lose to thread hand-offs and a busy
     machine's other processes, big convolutions gain: it is measured, on this machine and this network.
-    Calls alternate between the two until each has trained `trial_updates` updates or, for updates that
-    cost a second or more (a big network's, a big batch's), `trial_s` seconds of them; the faster is kept,
-    and the trial is run again every `recheck_s` seconds (what else runs may change)."""
+    A trial's first calls train on one thread; if an update takes under `SMALL_UPDATE_S` there, one it is.
+    Otherwise calls alternate between the two until each has trained `trial_updates` updates or, for
+    updates that cost a second or more (a big network's, a big batch's), `trial_s` seconds of them; the
+    faster is kept, and the trial is run again every `recheck_s` seconds (what else runs may change)."""
 
     def __init__(self, most: int, fixed: bool = False, trial_updates: int = 64, recheck_s: float = 300.0,
                  free_cores=None, trial_s: float = 2.0):
@@ -73,8 +78,14 @@ class ThreadChoice:
             return 1
         if self.chosen is not None:
             return self.chosen
+        if self.trial.get(1, [0.0, 0])[1] < self._first_updates():  # first: is an update small?
+            return 1
         short = [n for n in (1, self.most) if not self._measured(n)]
         return min(short, key=lambda n: self.trial.get(n, [0.0, 0])[1])
+
+    def _first_updates(self) -> int:
+        """Updates a trial trains on one thread before anything else."""
+        return min(MIN_TRIAL_UPDATES, self.trial_updates)
 
     def _measured(self, threads: int) -> bool:
         seconds, updates = self.trial.get(threads, [0.0, 0])
@@ -93,6 +104,9 @@ class ThreadChoice:
         spent = self.trial.setdefault(threads, [0.0, 0])
         spent[0] += seconds
         spent[1] += updates
+        if threads == 1 and spent[1] >= self._first_updates() and seconds / updates < SMALL_UPDATE_S:
+            self.chosen, self.chosen_at = 1, time.monotonic()  # this call's: a first call's set-up costs more
+            return
         one, most = self.trial.get(1), self.trial.get(self.most)
         if one and most and most[0] / most[1] > 2 * one[0] / one[1]:  # far slower: no need to measure on
             self.chosen, self.chosen_at = 1, time.monotonic()
@@ -103,19 +117,21 @@ class ThreadChoice:
 
 
 class OthersBusy:
-    """How many of this process's CPUs other processes keep busy while the learner trains: the CPUs' busy
-    time (/proc/stat) less this process's own (/proc/self/stat), over the learner's calls only (`mark`
-    before one, `read` after it), pooled until half a second of them is seen. Sampling between calls is
-    not counted: in sync mode the workers sample while the learner waits, and are idle while it trains.
-    (A load average would count the learner's own threads, and the minute before.) Where /proc is not
-    there, the load average stands in."""
+    """How many of this process's CPUs other processes keep busy: the CPUs' busy time (/proc/stat) less
+    this process's own (/proc/self/stat), so the learner's own threads never count (a load average counts
+    them). Two views, the larger taken: over the learner's calls only (`mark` before one, `read` after it,
+    pooled until half a second of them is seen: what shares the cores while it trains), and over the last
+    minute (what the machine has been doing: a test suite's other process, sync mode's workers, come and
+    go between calls). Where /proc is not there, the load average stands in."""
 
     WINDOW_S = 0.5
+    MINUTE_S = 60.0
 
     def __init__(self):
-        self.cores = 0.0  # the newest estimate; none is taken before the first window
+        self.cores = 0.0  # the newest estimate over the calls; none is taken before the first window
         self.start: tuple[float, float, float] | None = None
         self.pooled = [0.0, 0.0]  # [others' busy CPU-seconds, wall seconds] of the calls since the last estimate
+        self.history: list[tuple[float, float, float]] = []  # (when, machine busy, own) at each mark, a minute's
 
     def free_cores(self) -> float:
         """Cores the other processes leave this one."""
@@ -124,10 +140,21 @@ class OthersBusy:
                 return usable_cpus() - os.getloadavg()[0] + 1.0  # itself, running, counted in the load
             except OSError:
                 return 0.0
-        return usable_cpus() - self.cores
+        return usable_cpus() - max(self.cores, self.minute())
+
+    def minute(self) -> float:
+        """Others' cores over the marks of the last minute (0 before 5 s of them)."""
+        if len(self.history) < 2 or self.history[-1][0] - self.history[0][0] < 5.0:
+            return 0.0
+        (t0, machine0, own0), (t1, machine1, own1) = self.history[0], self.history[-1]
+        return max(0.0, (machine1 - machine0) - (own1 - own0)) / (t1 - t0)
 
     def mark(self) -> None:
         self.start = _cpu_seconds()
+        if self.start is not None:
+            self.history.append(self.start)
+            while len(self.history) > 2 and self.start[0] - self.history[1][0] >= self.MINUTE_S:
+                self.history.pop(0)
 
     def read(self) -> None:
         if self.start is None:
