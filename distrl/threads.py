@@ -53,9 +53,9 @@ class ThreadChoice:
 
     def __init__(self, most: int, fixed: bool = False, trial_updates: int = 64, recheck_s: float = 300.0,
                  free_cores=None, trial_s: float = 2.0):
-        """`free_cores()`: cores other processes leave this one now (by default what they used during the
-        learner's recent calls, `OthersBusy`): with fewer than `most` (other processes busy on this machine)
-        the learner trains on one, and the trial does not count that call."""
+        """`free_cores()`: cores other processes leave this one now (by default from their CPU time,
+        `OthersBusy`): with fewer than `most` (other processes busy on this machine) the learner trains on
+        one, and the trial does not count that call."""
         self.most, self.trial_updates, self.recheck_s, self.trial_s = max(1, most), trial_updates, recheck_s, trial_s
         self.fixed = fixed or self.most == 1  # `most` threads, never measured
         self.others = OthersBusy() if free_cores is None and not self.fixed else None
@@ -73,8 +73,8 @@ class ThreadChoice:
             self.others.mark()
         if not self.fixed and self.chosen is not None and time.monotonic() - self.chosen_at > self.recheck_s:
             self.chosen, self.trial = None, {}
-        self.forced = not self.fixed and self.free_cores() < self.most - 0.5
-        if self.forced:  # busy: more threads would wait on each other
+        self.forced = self._busy()
+        if self.forced:  # more threads would wait on each other
             return 1
         if self.chosen is not None:
             return self.chosen
@@ -82,6 +82,10 @@ class ThreadChoice:
             return 1
         short = [n for n in (1, self.most) if not self._measured(n)]
         return min(short, key=lambda n: self.trial.get(n, [0.0, 0])[1])
+
+    def _busy(self) -> bool:
+        """Other processes leave fewer than `most` cores."""
+        return not self.fixed and self.free_cores() < self.most - 0.5
 
     def _first_updates(self) -> int:
         """Updates a trial trains on one thread before anything else."""
@@ -99,7 +103,7 @@ class ThreadChoice:
             self.others.read()
         # A call made on one thread for a busy machine, or during which the machine turned busy, says nothing
         # about which count trains faster.
-        if self.chosen is not None or updates <= 0 or self.forced or self.free_cores() < self.most - 0.5:
+        if self.chosen is not None or updates <= 0 or self.forced or self._busy():
             return
         spent = self.trial.setdefault(threads, [0.0, 0])
         spent[0] += seconds
@@ -160,7 +164,7 @@ class OthersBusy:
         if self.start is None:
             return
         now, then, self.start = _cpu_seconds(), self.start, None
-        if now is None or then is None:
+        if now is None:
             return
         wall, machine, own = (a - b for a, b in zip(now, then))
         self.pooled[0] += max(0.0, machine - own)
