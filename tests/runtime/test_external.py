@@ -109,7 +109,7 @@ def test_the_run_survives_clients_killed_and_added_and_its_server_killed(ray_ses
     thread.start()
     try:
         summary = train(os.path.join(ROOT, "configs", "apex_dqn_cartpole.yaml"), run_dir=run_dir,
-                        overrides=["external.enabled=true", "log.progress=false", "stop.max_seconds=30",
+                        overrides=["external.enabled=true", "log.progress=false", "stop.max_seconds=40",
                                    "eval.target_return=null", "log.interval_s=0.5", "eval.episodes=2"])
     finally:
         thread.join(10)

@@ -211,17 +211,19 @@ RAY_LABELS = {"evaluator", "gradient worker 0", "gradient worker 1", "inference 
 
 def test_sync_mode_hangs_at_the_defaults(ray_session, tmp_path, capfd):
     """Every role at once mid-run (the run waits for all of them: it goes on once they are back), then again
-    shortly before the budget ends. The console has distrl's one line per hang and nothing of Ray's."""
-    budget, names = 50.0, list(RAY_ROLES)
+    shortly before the budget ends. The console has distrl's one line per hang and nothing of Ray's. One
+    rollout worker: all eight processes restart at once, each importing torch, which takes 15-25 s of a
+    loaded 2-core machine; the budget leaves the run time to go on after that."""
+    budget, names = 66.0, list(RAY_ROLES)
     run_dir, start, ended, summary, stopped, roles = run_with_waves(
-        tmp_path, "sync", names, [dict.fromkeys(names)], budget, RAY_EXTRA)
+        tmp_path, "sync", names, [dict.fromkeys(names)], budget, [*RAY_EXTRA, "workers=1"])
     err = capfd.readouterr().err
     assert "Traceback" not in err and "Unhandled error" not in err, err
     hung = [line for line in err.splitlines() if " hung (" in line]
     assert len(hung) == len(stopped[0]) and all(line.startswith("distrl: ") for line in hung), err
     assert not os.path.exists(os.path.join(run_dir, "failure.log"))  # faults the runtime expects, not bugs
     check_waves(run_dir, start, stopped, roles, summary)
-    check_end(start, ended, budget, summary, stopped[-1], RAY_LABELS)
+    check_end(start, ended, budget, summary, stopped[-1], RAY_LABELS - {"worker 1"})
     assert summary["replay_refilled_items"] > 0, summary
     check_written(run_dir, summary, last_taken=False)
     went_on(run_dir, start, stopped)

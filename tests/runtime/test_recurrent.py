@@ -19,8 +19,10 @@ APEX = os.path.join(ROOT, "configs", "apex_dqn_cartpole.yaml")
 POMDP = "popgym.envs.position_only_cartpole:PositionOnlyCartPoleEasy"
 QUIET = ["log.progress=false", "log.tensorboard=false"]
 # Seeds 0-2 solve in 165k, 185k and 76k env steps in single mode (bench/results/
-# solve_r2d2_position_only_cartpole_vs_53bd0a7.json): R2D2 runs seed 2, and the budget has room for all three.
-BUDGET = 320_000
+# solve_r2d2_position_only_cartpole_vs_53bd0a7.json): R2D2 runs seed 2 (67k-115k in five runs: single mode
+# is not deterministic), with twice the slowest as the budget. Ape-X DQN runs the whole budget to show it
+# does not solve: the larger the budget, the longer the test.
+BUDGET = 240_000
 
 
 def test_r2d2_uses_memory_where_feedforward_apex_cannot(tmp_path):
