@@ -153,9 +153,11 @@ class Client:
             ep.end = (obs, bool(truncated))
             self._send_experience(force=False)
             return
-        del self.episodes[episode_id]
-        self._request(lambda: {"type": "end_episode", "episode": episode_id, "reward": ep.reward,
-                               "truncated": bool(truncated), "obs": wire.pack_array(obs, self.encoding)})
+        try:  # open until the server has it: a connection made again meanwhile announces it first
+            self._request(lambda: {"type": "end_episode", "episode": episode_id, "reward": ep.reward,
+                                   "truncated": bool(truncated), "obs": wire.pack_array(obs, self.encoding)})
+        finally:
+            del self.episodes[episode_id]
 
     def close(self) -> None:
         """Send what local inference holds of ended episodes, and leave (open episodes are cut)."""

@@ -32,6 +32,7 @@ With `remove_done_agents=True` an agent that reaches its goal leaves the map (it
 occupies a cell, is inactive; after its arrival reward it gets zero observations and rewards). `info` at the end: `success`,
 `agent_success`, `makespan` (max over agents of the step at which it last arrived on its goal
 and stayed, the episode length if not on goal), `sum_of_costs` (sum of the same),
+`solved_sum_of_costs` (the same, in a solved episode only: MAPF's sum of costs over solved instances),
 `collisions` (penalised moves: agents, obstacles, walls), `agent_collisions` (agents only),
 `return_mean`, `length`.
 
@@ -310,10 +311,13 @@ class MAPF(MultiAgentEnv):
 
     def episode_metrics(self) -> dict:
         cost = np.where(self.on_goal, self.arrived_at, self.t)
-        return {"success": float(self.on_goal.all()), "agent_success": float(self.on_goal.mean()),
-                "makespan": float(cost.max()), "sum_of_costs": float(cost.sum()),
-                "collisions": float(self.collisions), "agent_collisions": float(self.agent_collisions),
-                "return_mean": float(self.returns.mean()), "length": float(self.t)}
+        out = {"success": float(self.on_goal.all()), "agent_success": float(self.on_goal.mean()),
+               "makespan": float(cost.max()), "sum_of_costs": float(cost.sum()),
+               "collisions": float(self.collisions), "agent_collisions": float(self.agent_collisions),
+               "return_mean": float(self.returns.mean()), "length": float(self.t)}
+        if self.on_goal.all():  # an evaluation averages it over its solved episodes only
+            out["solved_sum_of_costs"] = out["sum_of_costs"]
+        return out
 
     # --- views ------------------------------------------------------------------------
     def _observe(self) -> np.ndarray:

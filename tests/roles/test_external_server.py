@@ -284,6 +284,33 @@ def test_a_client_reconnects_to_a_restarted_server_and_only_the_open_episode_is_
         server.close()
 
 
+def test_an_episode_ended_as_the_server_restarts_is_announced_to_the_new_one_and_ends_there():
+    """The server goes down as a client ends an episode: the client connects again to the restarted server,
+    announces the episode it is ending with the others open, and the server takes its end (an episode the
+    new server was never told of would be refused: unknown_episode)."""
+    server = make_server()
+    port = server.port
+    client = Client(f"127.0.0.1:{port}", TOKEN, reconnect_s=20)
+    ending, still_open = client.start_episode(), client.start_episode()
+    for episode in (ending, still_open):
+        client.get_action(episode, OBS)
+    server.close()
+    restarted = threading.Timer(0.3, lambda: holder.append(make_server(port=port)))
+    holder: list = []
+    restarted.start()
+    try:
+        client.end_episode(ending, OBS)  # sent into the closed port: retried once the new server listens
+        client.get_action(still_open, OBS)
+        counts = holder[0].take(0.0).info.counts  # the ended episode had no step there: not counted
+        assert counts["connections"] == 1 and counts.get("errors", 0) == 0, counts
+        assert set(client.episodes) == {still_open}
+    finally:
+        restarted.join()
+        client.close()
+        for s in holder:
+            s.close()
+
+
 def test_clients_can_refuse_a_wrong_token_at_once(server):
     with pytest.raises(ServerError) as e:
         Client(f"127.0.0.1:{server.port}", "guess")
