@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from distrl.config import Config
-from distrl.config.sections import LearnerConfig, ReplayConfig
+from distrl.config.sections import ExternalConfig, LearnerConfig, ReplayConfig
 from distrl.registry import algorithm, on_policy
 from distrl.replay.rate_limiter import RateLimiter
 from distrl.replay.store import Take, make_store
@@ -46,7 +46,7 @@ def pacing(cfg: Config) -> Pacing:
     gather = cfg.rollout.fragment_length * cfg.env.num_envs
     if path == "sequence":
         gather = -(-gather // cfg.sequence.period)
-    sources = fragment_sources(cfg)
+    sources = fragment_sources(cfg.workers, cfg.external)
     gather *= sources if cfg.mode == "sync" else 1
     if path == "gradients":
         fragments = 1
@@ -60,11 +60,10 @@ def pacing(cfg: Config) -> Pacing:
     return Pacing(gather, fragments, r.samples_per_insert, r.min_size, buffer)
 
 
-def fragment_sources(cfg: Config) -> int:
-    """What sends fragments in the Ray modes: the rollout workers, a simulator server in their stead, or both
-    (external.with_workers)."""
-    ext = cfg.external
-    return (cfg.workers if ext.with_workers or not ext.enabled else 0) + int(ext.enabled)
+def fragment_sources(workers: int, ext: ExternalConfig) -> int:
+    """What sends fragments in the Ray modes: the `workers` rollout workers, a simulator server in their
+    stead, or both (external.with_workers)."""
+    return (workers if ext.with_workers or not ext.enabled else 0) + int(ext.enabled)
 
 
 @dataclass(frozen=True)
