@@ -295,8 +295,8 @@ def test_an_episode_ended_as_the_server_restarts_is_announced_to_the_new_one_and
     for episode in (ending, still_open):
         client.get_action(episode, OBS)
     server.close()
+    holder: list = []  # the restarted server
     restarted = threading.Timer(0.3, lambda: holder.append(make_server(port=port)))
-    holder: list = []
     restarted.start()
     try:
         client.end_episode(ending, OBS)  # sent into the closed port: retried once the new server listens
