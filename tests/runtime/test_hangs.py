@@ -37,8 +37,8 @@ EVALUATOR = {"distrl-eval": ("evaluator", "evaluator_restarts")}
 
 class Waves(threading.Thread):
     """SIGSTOPs this run's processes of each wave's roles in turn (`picks`: name -> how many of its processes,
-    None for all), each once the run has a checkpoint and a few more metrics rows, and the previous wave's
-    processes are back (`back()`); the first wave the moment a checkpoint is written, with `fresh`; then every
+    None for all), each once the run has a checkpoint, a few more metrics rows and an update, and the previous
+    wave's processes are back (`back()`); the first wave the moment a checkpoint is written, with `fresh`; then every
     role's, `LEAD_S` before the run's budget ends. Keeps (name, pid, when)."""
 
     def __init__(self, run_dir: str, names: list[str], waves: list[dict], budget_end: float, back, fresh: bool):
@@ -53,6 +53,12 @@ class Waves(threading.Thread):
         path = os.path.join(self.run_dir, "metrics.csv")
         return len(open(path).readlines()) if os.path.exists(path) else 0
 
+    def learning(self) -> bool:
+        """The learner has updated (a run's final evaluation, which the stop skips, needs an update)."""
+        path = os.path.join(self.run_dir, "metrics.csv")
+        rows = list(csv.DictReader(open(path))) if os.path.exists(path) else []
+        return bool(rows) and int(rows[-1]["updates"] or 0) > 0
+
     def checkpoints(self) -> int:
         root = os.path.join(self.run_dir, "checkpoints")
         names = os.listdir(root) if os.path.isdir(root) else []
@@ -66,7 +72,7 @@ class Waves(threading.Thread):
     def run(self) -> None:
         for wave in self.waves:
             rows = self.rows()
-            if not self.wait(lambda: self.back(self.stopped) and self.rows() >= rows + 4):
+            if not self.wait(lambda: self.back(self.stopped) and self.rows() >= rows + 4 and self.learning()):
                 return
             ckpts = self.checkpoints() if self.fresh and not self.stopped else 0
             if not self.wait(lambda: self.checkpoints() > ckpts):
