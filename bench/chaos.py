@@ -319,7 +319,8 @@ def check(chaos: Chaos, watch: CheckpointWatch, killed: dict | None, code: int, 
             "exit_code": code, "run_dir": run_dir, "ended_after_budget_s": round(ended_after_s, 2),
             "fault_times": summarize(chaos.faults),
             "summary": {k: summary.get(k) for k in ("stop_reason", "failure", "wall_s", "env_steps", "updates",
-                                                     "updates_lost", "fragments_dropped", "workers_lost")}}
+                                                     "updates_lost", "fragments_dropped", "workers_lost", "stop_to_summary_s",
+                                                     "skipped_at_stop", "ended_at_stop")}}
 
 
 def _not_back(resumed: dict, killed: dict, rows: list[dict]) -> bool:

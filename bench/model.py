@@ -243,7 +243,10 @@ def cluster_runs(config: str, nodes: int, workers: int, seconds: float) -> list[
     import ray
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": workers + 2, "include_dashboard": False})
+    from distrl.runtime.ray_setup import SYSTEM_CONFIG
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": workers + 2, "include_dashboard": False,
+                                                            "_system_config": SYSTEM_CONFIG})
     for _ in range(nodes - 1):
         cluster.add_node(num_cpus=workers + 2)
     cluster.wait_for_nodes()

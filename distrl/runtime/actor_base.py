@@ -38,6 +38,7 @@ def role_actor(concurrency_groups: dict | None = None, **options):
 class Traced:
     """Lets the driver collect what this actor recorded and check that its process answers."""
 
+    @ray.method(concurrency_group="health")  # a role busy in a long call (an update) still hands its events over
     def drain_trace(self) -> dict:
         return tracer().drain()
 

@@ -19,6 +19,10 @@ from distrl.core import RoleLost
 from distrl.runtime.deaths import route_ray_text
 
 ACTOR_GONE = (RayActorError, ActorUnavailableError)  # dead, or being restarted by Ray
+# For a Ray distrl starts (and a test cluster's head, which passes it to every node that joins): the roles run
+# at the driver's priority. Ray's default (nice 15) gives any other busy process on the machine ~28x a role's
+# CPU share, so a learner or a restarting role starves next to a simulator or a second run.
+SYSTEM_CONFIG = {"worker_niceness": 0}
 
 
 def init_ray(address: str | None, user_modules: list | None = None) -> None:
@@ -56,7 +60,8 @@ def init_ray(address: str | None, user_modules: list | None = None) -> None:
         # Ray instance serves runs of any worker count.
         with _quiet("ray._private.authentication.authentication_token_setup"):  # "Token authentication is enabled"
             ray.init(address="local", num_cpus=os.cpu_count() or 1, include_dashboard=False,
-                     _node_ip_address="127.0.0.1", log_to_driver=True, configure_logging=False)
+                     _node_ip_address="127.0.0.1", log_to_driver=True, configure_logging=False,
+                     _system_config=SYSTEM_CONFIG)
 
 
 TOKEN_HINT = ("set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH, a file) to the cluster's token "

@@ -25,7 +25,7 @@ from ray.cluster_utils import Cluster
 from distrl import train
 from distrl.config import ConfigError
 from distrl.runtime.deaths import route_ray_text
-from distrl.runtime.ray_setup import init_ray
+from distrl.runtime.ray_setup import SYSTEM_CONFIG, init_ray
 from tests.runtime.processes import stop_as_ctrl_c
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -63,7 +63,7 @@ def cluster():
     use_auth({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token})
     try:
         c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"head_node": 4},
-                                                          "include_dashboard": False})
+                                                          "include_dashboard": False, "_system_config": SYSTEM_CONFIG})
         c.nodes_by_name, c.token = {"head": c.head_node}, token
         for name in ("a", "b"):
             c.nodes_by_name[name] = c.add_node(num_cpus=2, resources={f"node_{name}": 4, "worker_slot": 2})
