@@ -12,6 +12,7 @@ trials would run again) and a trial whose run dir has summary.json only reports 
 """
 from __future__ import annotations
 
+import glob
 import json
 import math
 import os
@@ -247,4 +248,21 @@ def resume_sweep(sweep_dir: str, *, train, resume, address: str | None = None) -
     if not tune.Tuner.can_restore(os.path.join(spec["dir"], TUNE_DIR)):
         raise ConfigError(f"{sweep_dir}: Tune saved no experiment state there yet (it was killed at once): "
                           "start the sweep again")
+    _check_tune_state(os.path.join(spec["dir"], TUNE_DIR))
     return _fit(spec, train, resume, restore=True)
+
+
+def _check_tune_state(tune_dir: str) -> None:
+    """Tune restores from the newest of its state files; one cut short by the kill (Tune copies them into
+    place, not atomically) makes it start the whole sweep over, silently: refuse that in one line."""
+    import ray.cloudpickle
+
+    for pattern, load in (("experiment_state-*.json", json.load), ("basic-variant-state-*.json", ray.cloudpickle.load)):
+        paths = sorted(glob.glob(os.path.join(tune_dir, pattern)))
+        if paths:
+            try:
+                with open(paths[-1], "rb") as fh:
+                    load(fh)
+            except Exception:  # noqa: BLE001 - whatever a cut file raises (EOFError, UnpicklingError, ValueError)
+                raise ConfigError(f"{paths[-1]} is cut short (the sweep was killed while Tune wrote it): Tune cannot "
+                                  "resume this sweep; start it again in a new --dir") from None

@@ -3,6 +3,7 @@ the bad trials early, a killed sweep resumed without running its finished trials
 from __future__ import annotations
 
 import csv
+import glob
 import json
 import os
 import subprocess
@@ -169,15 +170,21 @@ def _run_dirs(sweep_dir: str) -> dict[int, str]:
     return {int(n.split("_")[1]): os.path.join(root, n) for n in names}
 
 
-def test_a_killed_sweep_resumes_without_running_finished_trials_again(tmp_path, ray_session):
+def _rows(run_dir: str) -> int:
+    path = os.path.join(run_dir, "metrics.csv")
+    return max(0, len(open(path).readlines()) - 1) if os.path.exists(path) else 0
+
+
+def test_a_killed_sweep_resumes_without_running_finished_trials_again(tmp_path, ray_session, capsys):
     sweep_dir = str(tmp_path / "killed")
     cmd = [sys.executable, "-m", "distrl.cli", "tune", CONFIG, "--grid", "seed=0,1,2", "--dir", sweep_dir,
            "--max-concurrent", "1", *[a for o in FAST + ["stop.max_env_steps=1024"] for a in ("--set", o)]]
     proc = subprocess.Popen(cmd, cwd=str(tmp_path), start_new_session=True, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:
-        # Killed once the third trial has started: the first two finished before Tune started it.
-        _wait_for(lambda: 2 in _run_dirs(sweep_dir), 240, proc)
+        # Killed once the third trial has logged a row (half its steps): the first two finished before Tune
+        # started it, and Tune's own state files, written as it starts a trial, are whole by then.
+        _wait_for(lambda: 2 in _run_dirs(sweep_dir) and _rows(_run_dirs(sweep_dir)[2]) > 0, 240, proc)
     finally:
         kill_session(proc.pid)  # the driver and every process it and its Ray started
         proc.wait()
@@ -192,6 +199,17 @@ def test_a_killed_sweep_resumes_without_running_finished_trials_again(tmp_path, 
     for i, mtime in finished.items():
         assert os.stat(os.path.join(dirs[i], "summary.json")).st_mtime_ns == mtime
     assert _summary(sweep_dir, {"run_dir": dirs[2]})["env_steps"] >= 1024
+
+    # Tune's newest state file cut short (a kill while Tune copied it into place): Tune would start the
+    # whole sweep over; the resume refuses in one line instead, and runs nothing.
+    state = sorted(glob.glob(os.path.join(sweep_dir, "tune", "basic-variant-state-*.json")))[-1]
+    with open(state, "r+b") as fh:
+        fh.truncate(os.path.getsize(state) // 2)
+    capsys.readouterr()
+    assert main(["tune", "--resume", sweep_dir]) == 2
+    err = capsys.readouterr().err
+    assert f"{state} is cut short" in err and err.count("\n") == 1, err
+    assert sorted(_trial(sweep_dir, r)["starts"] for r in rows) == [1, 1, 2]
 
 
 def test_placement_groups_left_by_a_dead_actor_are_released_and_no_others(ray_session):
