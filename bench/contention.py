@@ -21,7 +21,7 @@ import sys
 import tempfile
 
 from bench.common import ROOT, hardware, write_json
-from bench.solve import commit, worktree
+from bench.solve import alternating, sides
 
 RUN = ["mode=async", "workers=2", "learner.num_gradient_workers=2", "rollout.inference=central",
        "log.progress=false", "log.tensorboard=false", "log.interval_s=1", "eval.target_return=null",
@@ -56,15 +56,7 @@ def main() -> None:
     ap.add_argument("--against", metavar="REV")
     ap.add_argument("--repeats", type=int, default=1)
     args = ap.parse_args()
-    sides = {commit(ROOT): ROOT}
-    if args.against:
-        sha, tree = worktree(args.against)
-        sides[sha] = tree
-    runs: dict[str, list[dict]] = {side: [] for side in sides}
-    for _ in range(args.repeats):
-        for side, tree in sides.items():  # alternating: both sides see the same machine load
-            runs[side].append(measure(tree, args.busy, args.seconds))
-            print(side, json.dumps(runs[side][-1]), flush=True)
+    runs = alternating(sides(args.against), args.repeats, lambda tree: measure(tree, args.busy, args.seconds))
     write_json(os.path.join(ROOT, "bench", "results", "contention.json"),
                {"hardware": hardware(), "busy": args.busy, "seconds": args.seconds, "overrides": RUN, "runs": runs})
 

@@ -20,7 +20,7 @@ import subprocess
 import sys
 
 from bench.common import ROOT, hardware, write_json
-from bench.solve import commit, worktree
+from bench.solve import alternating, sides
 
 PROBE = r"""
 import json, os, sys, tempfile, time
@@ -77,15 +77,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=10.0, help="sampling before the memory is read")
     args = ap.parse_args()
-    sides = {commit(ROOT): ROOT}
-    if args.against:
-        sha, tree = worktree(args.against)
-        sides[sha] = tree
-    runs: dict[str, list[dict]] = {side: [] for side in sides}
-    for _ in range(args.repeats):
-        for side, tree in sides.items():  # alternating: both sides see the same machine load
-            runs[side].append(measure(tree, args.config, args.seconds))
-            print(side, json.dumps(runs[side][-1]), flush=True)
+    runs = alternating(sides(args.against), args.repeats, lambda tree: measure(tree, args.config, args.seconds))
     results = {"hardware": hardware(), "config": args.config, "runs": runs,
                "median": {side: summarise(r) for side, r in runs.items()}}
     write_json(os.path.join(ROOT, "bench", "results", "processes.json"), results)

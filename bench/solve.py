@@ -97,24 +97,22 @@ def main() -> None:
     budget = args.max_seconds or cfg.stop.max_seconds
     config = os.path.relpath(os.path.abspath(args.config), ROOT)
     stem = os.path.splitext(os.path.basename(args.config))[0]
-    sides = {commit(ROOT): ROOT}
+    trees = sides(args.against)
     if args.against:
-        sha, tree = worktree(args.against)
-        sides[sha] = tree
-        stem = f"{stem}_vs_{sha}"
+        stem = f"{stem}_vs_{list(trees)[-1]}"
     out = args.out or os.path.join(ROOT, "bench", "results", f"solve_{stem}.json")
     old = json.load(open(out)) if os.path.exists(out) and not args.against else {}
     results = {"hardware": hardware(), "config": config, "overrides": args.extra,
                "runs": [r for r in old.get("runs", []) if r["mode"] not in modes], "median": {}}
     for mode in modes:
         for seed in args.seeds:
-            for side, tree in sides.items():  # alternating: both sides see the same machine load
+            for side, tree in trees.items():  # alternating: both sides see the same machine load
                 r = solve_once(config, mode, seed, workers, budget, args.extra, tree)
                 r["budget_s"], r["commit"] = budget, side
                 results["runs"].append(r)
                 print(json.dumps(r), flush=True)
-    for key in dict.fromkeys(row_key(r, len(sides) > 1) for r in results["runs"]):
-        runs = [r for r in results["runs"] if row_key(r, len(sides) > 1) == key]
+    for key in dict.fromkeys(row_key(r, len(trees) > 1) for r in results["runs"]):
+        runs = [r for r in results["runs"] if row_key(r, len(trees) > 1) == key]
         results["median"][key] = summarise(runs, runs[0].get("budget_s", budget))
     write_json(out, results)
     print(table(results))
@@ -131,6 +129,25 @@ def worktree(rev: str) -> tuple[str, str]:
     if not os.path.isdir(path):
         subprocess.run(["git", "worktree", "add", "--detach", path, sha], cwd=ROOT, check=True, capture_output=True)
     return sha, path
+
+
+def sides(against: str | None) -> dict[str, str]:
+    """short sha -> source tree: this checkout, and `against`'s worktree when given."""
+    out = {commit(ROOT): ROOT}
+    if against:
+        sha, tree = worktree(against)
+        out[sha] = tree
+    return out
+
+
+def alternating(trees: dict[str, str], repeats: int, measure) -> dict[str, list[dict]]:
+    """`measure(tree)` `repeats` times per side, the sides alternating so that both see the same machine load."""
+    runs: dict[str, list[dict]] = {side: [] for side in trees}
+    for _ in range(repeats):
+        for side, tree in trees.items():
+            runs[side].append(measure(tree))
+            print(side, json.dumps(runs[side][-1]), flush=True)
+    return runs
 
 
 def commit(tree: str, rev: str = "HEAD") -> str:
