@@ -1,4 +1,5 @@
-"""The Ray roles' process set-up: one compute thread where a network runs, jemalloc where arrays churn."""
+"""The Ray roles' process set-up: the driver's CPU priority, one compute thread where a network runs, jemalloc
+where arrays churn."""
 import os
 import sys
 
@@ -42,6 +43,14 @@ def test_every_process_that_runs_a_network_runs_it_on_one_thread_even_after_a_ch
     assert state["workers"][0] is not None and state["workers"][0]["env_steps"] > 0  # the worker's get_state ran
     for name, actor in (("learner", roles.learner), ("worker", roles.workers[0]), ("evaluator", roles.evaluator)):
         assert _torch_threads(actor) == 1, name
+
+
+def test_every_role_runs_at_the_drivers_cpu_priority(checkpointed):
+    """Ray's default (nice 15) would let any busy process on the machine starve the roles."""
+    roles, _ = checkpointed
+    pids = [ray.get(actor.pid.remote()) for actor in roles.actors()]
+    assert len(pids) >= 4 and {os.getpriority(os.PRIO_PROCESS, pid) for pid in pids} == \
+        {os.getpriority(os.PRIO_PROCESS, 0)}, pids
 
 
 def _maps(pid: int, lib: str) -> bool:
