@@ -24,7 +24,8 @@ run: setup
 
 # Two pytest processes: many tests wait on timeouts, Ray's start or a role's restart while the other
 # process uses the cores. Each test module runs whole on one process (`--dist loadfile`), so a module's
-# costly fixture (a traced run, a three-node cluster) is built once, in file order.
+# costly fixture (a traced run, a three-node cluster) is built once, in file order; the modules that mostly
+# wait run one after another on one process (WAITING_MODULES in tests/conftest.py).
 test: setup
 	$(BIN)/python -m pytest tests -n 2 --dist loadfile --no-loadscope-reorder --durations=15
 

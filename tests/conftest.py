@@ -1,7 +1,28 @@
-"""Shared fixtures: one embedded Ray for the whole session (starting it costs ~6 s)."""
+"""Shared fixtures: one embedded Ray for the whole session (starting it costs ~6 s); and how `make test`'s two
+pytest processes share the modules."""
 from __future__ import annotations
 
 import pytest
+
+# Modules whose runs mostly wait (paced envs, the fault timeouts at their defaults): one pytest process runs
+# them one after another, so the two processes are never both waiting while the cores idle.
+WAITING_MODULES = ("tests/runtime/test_chaos.py", "tests/runtime/test_faults.py", "tests/runtime/test_hangs.py")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile` (one module per process at a time, its module fixtures built once), with the waiting
+    modules as one unit of work."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class WaitingTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = super()._split_scope(nodeid)
+            return WAITING_MODULES[0] if module in WAITING_MODULES else module
+
+    return WaitingTogether(config, log)
 
 
 @pytest.fixture(autouse=True, scope="session")

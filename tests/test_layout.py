@@ -107,3 +107,10 @@ def test_modules_and_functions_are_small(mod):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             length = node.end_lineno - node.lineno + 1
             assert length <= 60, f"{mod}.{node.name}: {length} lines"
+
+
+def test_the_modules_make_test_runs_together_exist():
+    """tests/conftest.py names the modules that mostly wait; a renamed one would silently run beside another."""
+    from tests.conftest import WAITING_MODULES
+
+    assert all(os.path.isfile(os.path.join(ROOT, path)) for path in WAITING_MODULES), WAITING_MODULES
