@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 from distrl.config import Config, ConfigError
-from distrl.config.sections import EnvConfig, PlacementConfig
+from distrl.config.sections import EnvConfig, NormalizeConfig, PlacementConfig
 from distrl.threads import usable_cpus
 
 
@@ -44,7 +44,7 @@ def validate(cfg: Config, address: str | None = None, resuming: bool = False) ->
     from distrl.roles.factory import make_algorithm
 
     _check_torsos(make_algorithm(cfg, spec), cfg.model)
-    _check_normalize(cfg, algo.multi_agent)
+    _check_normalize(cfg.env.normalize, algo.multi_agent, bool(cfg.data.dataset), cfg.rollout.inference)
     _check_datasets(cfg, algo, spec, resuming)
     if cfg.eval.epsilon > 0.0 and algo.multi_agent:
         raise ConfigError(f"config key 'eval.epsilon': random evaluation actions are for single-agent envs; "
@@ -213,15 +213,14 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:,.1f} GiB"
 
 
-def _check_normalize(cfg: Config, multi_agent: bool) -> None:
+def _check_normalize(n: NormalizeConfig, multi_agent: bool, offline: bool, inference: str) -> None:
     """env.normalize: statistics gathered by rollout workers that act in their own process."""
-    n = cfg.env.normalize
     if not (n.obs or n.reward):
         return
     why = ("multi-agent envs are not normalized" if multi_agent else
-           "an offline run has no rollout workers to gather statistics" if cfg.data.dataset else
+           "an offline run has no rollout workers to gather statistics" if offline else
            "workers normalize with the statistics that come with their weights, which central inference keeps "
-           "on its server (use rollout.inference: local)" if cfg.rollout.inference == "central" else None)
+           "on its server (use rollout.inference: local)" if inference == "central" else None)
     if why:
         raise ConfigError(f"config key 'env.normalize': {why}")
 

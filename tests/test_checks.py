@@ -66,7 +66,8 @@ def test_normalization_is_refused_where_no_worker_gathers_its_statistics(config,
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     cfg = load_config(os.path.join(root, "configs", config), [*overrides, "env.normalize.obs=true"])
     with pytest.raises(ConfigError, match=f"^config key 'env.normalize': .*{why}"):
-        _check_normalize(cfg, algorithm(cfg.algo).multi_agent)
+        _check_normalize(cfg.env.normalize, algorithm(cfg.algo).multi_agent, bool(cfg.data.dataset),
+                         cfg.rollout.inference)
 
 
 def test_normalizing_observations_that_are_not_a_box_is_one_line_naming_the_key():
