@@ -11,8 +11,10 @@ gradient worker; single mode has only its evaluator process) and SIGKILLs one of
 SIGSTOPs it for twice the default fault.role_timeout_s (distrl must end it within the timeout; it is
 SIGCONTed after, if it is somehow still there). A fault waits until the previous one's restart is in
 RUN_DIR/faults.log. Once, between 35% and 55% of the run, the driver is SIGKILLed right after a checkpoint
-(what is left of its process tree too) and the run resumed with `distrl resume`. Faults stop 30 s before
-the run's end, so that each is resolved within the run.
+(what is left of its process tree too) and the run resumed with `distrl resume`; no fault is injected in
+the 15 s before that kill is due, so that a restart under way does not hold it back (and leave the
+resumed run too little of its budget to start). Faults stop 30 s before the run's end, so that each is
+resolved within the run.
 
 Each fault's times are measured: found (the death noticed, or the hang ended) and resolved (the new
 process back), from the signal, read off its line in faults.log as that line appears (to within the 0.5 s
@@ -49,6 +51,7 @@ ENDED_S = 10.0  # a run has ended this long after its budget at most
 STOP_S = 2 * FaultConfig().role_timeout_s  # how long a SIGSTOP lasts: twice the default hang timeout
 PERIOD_S = 20.0
 QUIET_END_S = 30.0  # no fault this close to the run's end: each is resolved within the run
+QUIET_KILL_S = 15.0  # no fault this close before the driver's kill is due: a restart would hold the kill back
 # role -> (process title, summary.json key, the label distrl's fault lines start with)
 ROLES = {"workers": ("ray::RolloutWorker", "worker_restarts", "worker "),
          "learner": ("ray::Learner", "learner_restarts", "learner "),
@@ -236,6 +239,8 @@ class Chaos:
                 continue
             if killed is None and now >= self.driver_kill_at:
                 return None, self.kill_driver(proc, watch)
+            if killed is None and now + QUIET_KILL_S > self.driver_kill_at:
+                continue
             if now - last >= PERIOD_S * self.rng.uniform(0.75, 1.25):
                 self.inject(proc.pid)
                 last = now
