@@ -9,10 +9,18 @@ import pytest
 WAITING_MODULES = ("tests/runtime/test_chaos.py", "tests/runtime/test_faults.py", "tests/runtime/test_hangs.py")
 
 
+# Modules of whole runs (Ray, a learning budget): tens of seconds to minutes each.
+LONG_MODULES = ("tests/runtime/", "tests/docsgen/test_examples.py", "tests/algos/test_sac_learning.py")
+
+
+def _cost_rank(module: str) -> int:
+    return 0 if module == WAITING_MODULES[0] else 1 if module.startswith(LONG_MODULES) else 2
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """`--dist loadfile` (one module per process at a time, its module fixtures built once), with the waiting
-    modules as one unit of work."""
+    modules as one unit of work, handed out first."""
     if config.getoption("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
@@ -21,6 +29,12 @@ def pytest_xdist_make_scheduler(config, log):
         def _split_scope(self, nodeid: str) -> str:
             module = super()._split_scope(nodeid)
             return WAITING_MODULES[0] if module in WAITING_MODULES else module
+
+        def _assign_work_unit(self, node) -> None:
+            # The longest units first (the waiting ones, then the runs), the quick modules last: they even
+            # out the two processes' ends.
+            self.workqueue.move_to_end(min(self.workqueue, key=_cost_rank), last=False)
+            super()._assign_work_unit(node)
 
     return WaitingTogether(config, log)
 
