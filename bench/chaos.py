@@ -11,9 +11,9 @@ gradient worker; single mode has only its evaluator process) and SIGKILLs one of
 SIGSTOPs it for twice the default fault.role_timeout_s (distrl must end it within the timeout; it is
 SIGCONTed after, if it is somehow still there). A fault waits until the previous one's restart is in
 RUN_DIR/faults.log. Once, between 35% and 55% of the run, the driver is SIGKILLed right after a checkpoint
-(what is left of its process tree too) and the run resumed with `distrl resume`; no fault is injected in
-the 15 s before that kill is due, so that a restart under way does not hold it back (and leave the
-resumed run too little of its budget to start). Faults stop 30 s before the run's end, so that each is
+(what is left of its process tree too) and the run resumed with `distrl resume`; no fault but the first is
+injected in the 15 s before that kill is due, so that a restart under way does not hold it back (and
+leave the resumed run too little of its budget to start). Faults stop 30 s before the run's end, so that each is
 resolved within the run.
 
 Each fault's times are measured: found (the death noticed, or the hang ended) and resolved (the new
@@ -239,7 +239,7 @@ class Chaos:
                 continue
             if killed is None and now >= self.driver_kill_at:
                 return None, self.kill_driver(proc, watch)
-            if killed is None and now + QUIET_KILL_S > self.driver_kill_at:
+            if killed is None and self.faults and now + QUIET_KILL_S > self.driver_kill_at:
                 continue
             if now - last >= PERIOD_S * self.rng.uniform(0.75, 1.25):
                 self.inject(proc.pid)
