@@ -17,8 +17,7 @@ from distrl.runtime.counters import note_restarts
 from distrl.runtime.faultlog import FaultLog
 from distrl.runtime.rows import run_summary
 
-WIND_DOWN_S = 5.0  # stop -> summary.json; closing the roles and Ray's shutdown take the rest of 10 s (~3 s here, ~4 s
-# on a slower VM beside a second busy process)
+WIND_DOWN_S = 7.0  # stop -> summary.json; closing the roles and the process's exit take the rest of 10 s
 FAULT_WIND_DOWN_S = 30.0  # after a fault (a role lost, an error): the last checkpoint may wait this long
 ABORT_WIND_DOWN_S = 5.0  # after a second interrupt
 
