@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import Any
 
@@ -78,48 +79,76 @@ def resume(run_dir: str, *, overrides: list[str] | None = None, address: str | N
     return resume_run(run_dir, overrides or [], address, lambda cfg: validate(cfg, address, resuming=True))
 
 
-def _best_policy(run_dir: str, cfg: Config):
-    """The run's greedy policy (the evaluator's) loaded with its best checkpoint, and that checkpoint's meta."""
+def _run_weights(run_dir: str, cfg: Config) -> tuple[dict, dict]:
+    """(weights, meta) a run's policy is played and exported with: its best checkpoint's (the newest weights
+    the evaluator scored best); in a run none of whose evaluations finished, its newest checkpoint's learner's,
+    said in one line on stderr."""
+    import numpy as np
+
     from distrl.checkpoint import CheckpointError, load_weights
+    from distrl.checkpoint.read import load_latest, read_learner
+    from distrl.roles.factory import make_algorithm
+
+    best = os.path.join(run_dir, "checkpoints", "best.safetensors")
+    if os.path.exists(best):
+        return load_weights(best)
+    try:
+        path, state = load_latest(run_dir, read_learner)
+    except CheckpointError as e:
+        raise CheckpointError(f"{best} not found (no evaluation of the run finished) and {e}") from None
+    learner = make_algorithm(cfg).make_learner("cpu")
+    try:
+        learner.load_state_dict(state["state"])
+    except (RuntimeError, KeyError, ValueError, TypeError) as e:  # another network or algorithm
+        raise CheckpointError(f"{path} does not fit the learner of its config.yaml: "
+                              f"{str(e).splitlines()[0][:200]}") from None
+    weights = {**learner.get_weights(), **{k: np.asarray(v) for k, v in state.get("statistics", {}).items()}}
+    print(f"distrl: warning: {run_dir} has no best checkpoint (no evaluation finished): using the weights of its "
+          f"newest checkpoint, {os.path.basename(path)} (version {state['version']})", file=sys.stderr)
+    return weights, {"version": state["version"], "checkpoint": path}
+
+
+def _run_policy(run_dir: str, cfg: Config):
+    """The run's greedy policy (the evaluator's) loaded with `_run_weights`, those weights and their meta."""
+    from distrl.checkpoint import CheckpointError
     from distrl.roles.factory import acting_policy
 
-    weights, meta = load_weights(os.path.join(run_dir, "checkpoints", "best.safetensors"))
+    weights, meta = _run_weights(run_dir, cfg)
     policy = acting_policy(cfg, -1, 1)
     try:
         policy.set_weights(weights, int(meta.get("version", 0)))
     except RuntimeError as e:  # torch's strict load: a network built by other code or another config
-        raise CheckpointError(f"{run_dir}/checkpoints/best.safetensors does not fit the network of its "
+        raise CheckpointError(f"the weights of {run_dir}/checkpoints do not fit the network of its "
                               f"config.yaml: {str(e).splitlines()[0][:200]}") from None
-    return policy, meta
+    return policy, weights, meta
 
 
-def _observation_normalization(run_dir: str, cfg) -> tuple | None:
-    """(mean, 1 / std, clip) of the observation statistics the best checkpoint's weights came with, when the
-    run normalized observations (`cfg`: its env.normalize section); else None."""
-    from distrl.checkpoint import load_weights
+def _observation_normalization(weights: dict, cfg) -> tuple | None:
+    """(mean, 1 / std, clip) of the observation statistics `weights` came with, when the run normalized
+    observations (`cfg`: its env.normalize section); else None."""
     from distrl.envs.normalize import Normalization
 
     if not cfg.obs:
         return None
     normalization = Normalization(cfg, training=False)
-    normalization.load(load_weights(os.path.join(run_dir, "checkpoints", "best.safetensors"))[0])
+    normalization.load(weights)
     return normalization.obs_mean, normalization.obs_scale, cfg.clip
 
 
 def export(run_dir: str, onnx: str | None = None, torchscript: str | None = None) -> dict[str, Any]:
-    """Write the acting network of a run's best checkpoint (the newest weights the evaluator scored best) to
-    `onnx` and/or `torchscript`: obs -> action (greedy) and the policy's outputs. {"files", "outputs",
-    "version"}. ConfigError for a policy that does not export (recurrent) or a file that cannot be written;
-    nothing is left half-written."""
+    """Write the acting network of a run's best checkpoint (the newest weights the evaluator scored best; see
+    `_run_weights`) to `onnx` and/or `torchscript`: obs -> action (greedy) and the policy's outputs.
+    {"files", "outputs", "version"}. ConfigError for a policy that does not export (recurrent) or a file that
+    cannot be written; nothing is left half-written."""
     from distrl.models.export import ExportError, acting_network, example_batch, onnx_bytes, torchscript_bytes, \
         write_atomically
 
     if not onnx and not torchscript:
         raise ConfigError("export needs --onnx FILE and/or --torchscript FILE")
     cfg = _run_config(run_dir)
-    policy, meta = _best_policy(run_dir, cfg)
+    policy, weights, meta = _run_policy(run_dir, cfg)
     try:
-        module = acting_network(policy, _observation_normalization(run_dir, cfg.env.normalize))
+        module = acting_network(policy, _observation_normalization(weights, cfg.env.normalize))
     except ExportError as e:
         raise ConfigError(f"{run_dir}: {cfg.algo}'s policy cannot be exported: {e}") from None
     example = example_batch(policy.spec.observation_space)
@@ -139,8 +168,8 @@ def export(run_dir: str, onnx: str | None = None, torchscript: str | None = None
 
 
 def evaluate(run_dir: str, episodes: int = 20, seed: int = 12345, video: str | None = None) -> dict[str, Any]:
-    """Greedy episodes with a run's best checkpoint: {"env", "returns", "mean", "std", "version"}; `video`:
-    an mp4 path to film them into, one after another (then "frames" too).
+    """Greedy episodes with a run's best checkpoint (see `_run_weights`): {"env", "returns", "mean", "std",
+    "version"}; `video`: an mp4 path to film them into, one after another (then "frames" too).
 
     Raises ConfigError / CheckpointError on a missing run dir or a bad checkpoint (VideoError, a ConfigError,
     on an env without rgb_array rendering).
@@ -153,7 +182,7 @@ def evaluate(run_dir: str, episodes: int = 20, seed: int = 12345, video: str | N
     if episodes < 1:
         raise ConfigError(f"episodes must be >= 1, got {episodes}")
     cfg = _run_config(run_dir)
-    policy, meta = _best_policy(run_dir, cfg)
+    policy, _, meta = _run_policy(run_dir, cfg)
     multi_agent, frames = algorithm(cfg.algo).multi_agent, None
     if video is not None:  # `distrl eval --video`
         from distrl.roles.filming import film_greedy
@@ -169,8 +198,8 @@ def evaluate(run_dir: str, episodes: int = 20, seed: int = 12345, video: str | N
 
 def record(run_dir: str, episodes: int, output: str, epsilon: float = 0.0, explore: bool = False,
            seed: int = 12345) -> dict[str, Any]:
-    """Play a run's best checkpoint for `episodes` whole episodes into a new Minari dataset at `output`
-    (greedy, or with its own exploration, or epsilon-random actions): {"dataset", "episodes", "steps",
+    """Play a run's best checkpoint (see `_run_weights`) for `episodes` whole episodes into a new Minari dataset
+    at `output` (greedy, or with its own exploration, or epsilon-random actions): {"dataset", "episodes", "steps",
     "return_mean", "return_std"}. Raises ConfigError / CheckpointError on bad input."""
     import numpy as np
 
@@ -191,7 +220,7 @@ def record(run_dir: str, episodes: int, output: str, epsilon: float = 0.0, explo
         check_new_name(output)
     except DatasetError as e:
         raise ConfigError(str(e)) from None
-    policy, meta = _best_policy(run_dir, cfg)
+    policy, _, meta = _run_policy(run_dir, cfg)
     played = play_episodes(policy, cfg.env, episodes, seed, epsilon, explore)
     spec = spec_of(cfg.env, multi_agent=False)
     writer = DatasetWriter(output, spec.observation_space, spec.action_space, {

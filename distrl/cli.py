@@ -49,7 +49,8 @@ def _resume_parser(sub) -> None:
 
 def _eval_parser(sub) -> None:
     p = sub.add_parser("eval", help="greedy evaluation of a run's best checkpoint")
-    p.add_argument("run_dir", help="the run dir whose checkpoints/best.safetensors is played")
+    p.add_argument("run_dir", help="the run dir whose checkpoints/best.safetensors is played (its newest checkpoint's "
+                   "weights when no evaluation finished)")
     p.add_argument("--episodes", type=int, default=None, help="greedy episodes (default 20; 1 with --video)")
     p.add_argument("--seed", type=int, default=12345, help="seed of the evaluation envs")
     p.add_argument("--video", metavar="FILE.mp4", help="film the episodes, one after another, into this mp4")
@@ -57,7 +58,8 @@ def _eval_parser(sub) -> None:
 
 def _record_parser(sub) -> None:
     p = sub.add_parser("record", help="play a run's best checkpoint into a Minari dataset")
-    p.add_argument("run_dir", help="the run dir whose checkpoints/best.safetensors is played")
+    p.add_argument("run_dir", help="the run dir whose checkpoints/best.safetensors is played (its newest checkpoint's "
+                   "weights when no evaluation finished)")
     p.add_argument("--episodes", type=int, required=True, help="whole episodes to record")
     p.add_argument("-o", "--output", required=True, metavar="DATASET",
                    help="the new dataset's directory, named like name-vN (Minari's dataset ids)")
@@ -68,7 +70,8 @@ def _record_parser(sub) -> None:
 
 def _export_parser(sub) -> None:
     p = sub.add_parser("export", help="write a run's best policy as an ONNX (or TorchScript) file")
-    p.add_argument("run_dir", help="the run dir whose checkpoints/best.safetensors is exported")
+    p.add_argument("run_dir", help="the run dir whose checkpoints/best.safetensors is exported (its newest "
+                   "checkpoint's weights when no evaluation finished)")
     p.add_argument("--onnx", metavar="FILE", help="ONNX file: obs -> action and the network's outputs")
     p.add_argument("--torchscript", metavar="FILE", help="TorchScript file (torch.jit.load) of the same network")
 

@@ -97,15 +97,6 @@ def test_existing_run_is_not_overwritten(capsys, tmp_path):
     assert (run_dir / "config.yaml").read_text() == "algo: apex_dqn\n"
 
 
-def test_eval_of_a_run_without_checkpoint_is_a_clear_error(capsys, tmp_path):
-    run_dir = tmp_path / "run"
-    (run_dir / "checkpoints").mkdir(parents=True)
-    (run_dir / "config.yaml").write_text("algo: apex_dqn\n")
-    code, _, err = run_main(capsys, "eval", str(run_dir))
-    assert code == 2
-    assert "checkpoint file not found" in err and "best.safetensors" in err
-
-
 def test_corrupt_best_checkpoint_is_a_clear_error(capsys, tmp_path):
     run_dir = tmp_path / "run"
     (run_dir / "checkpoints").mkdir(parents=True)

@@ -99,16 +99,41 @@ def _check_version(path: str, meta: Any) -> None:
                           f"migration exists: resume it with the distrl that wrote it ({meta.get('distrl_version')})")
 
 
-def read_checkpoint(path: str) -> dict[str, Any]:
-    """Verify and load a checkpoint dir back into the structure given to write_checkpoint."""
+def _opened(path: str) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """(absolute path, DONE, meta) of a checkpoint dir whose files all verify and whose format this distrl reads."""
     path = os.path.abspath(path)
     if not os.path.isdir(path):
         raise _fail(path, "is missing: no such checkpoint directory")
     done = _verify(path)
-
     meta_path = os.path.join(path, META)
     meta = _read_json(meta_path)
     _check_version(meta_path, meta)
+    return path, done, meta
+
+
+def _load_learner(path: str) -> dict[str, Any]:
+    """The checkpoint's learner.pt: {"learner": the learner loop's state, "torch_rng"}."""
+    learner_path = os.path.join(path, LEARNER)
+    try:
+        # weights_only refuses anything but tensors and plain containers: no code runs on load.
+        blob = torch.load(learner_path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises many types for bad zips and forbidden globals
+        raise _fail(learner_path, f"is corrupt or unsafe: {one_line(e)}") from None
+    if type(blob) not in (dict, OrderedDict) or set(blob) != {"learner", "torch_rng"}:
+        raise _fail(learner_path, "is corrupt: expected {'learner', 'torch_rng'}")
+    return blob
+
+
+def read_learner(path: str) -> dict[str, Any]:
+    """Verify a checkpoint and load its learner's state alone (not the replay's store): {"state",
+    "torch_rng", "version", "statistics"} as the learner loop saved it."""
+    path, _, _ = _opened(path)
+    return _load_learner(path)["learner"]
+
+
+def read_checkpoint(path: str) -> dict[str, Any]:
+    """Verify and load a checkpoint dir back into the structure given to write_checkpoint."""
+    path, done, meta = _opened(path)
 
     state_path = os.path.join(path, STATE)
     small = _read_json(state_path)
@@ -120,15 +145,7 @@ def read_checkpoint(path: str) -> dict[str, Any]:
     except (KeyError, TypeError, ValueError) as e:
         raise _fail(state_path, f"is corrupt: bad numpy_rng ({one_line(e)})") from None
 
-    learner_path = os.path.join(path, LEARNER)
-    try:
-        # weights_only refuses anything but tensors and plain containers: no code runs on load.
-        blob = torch.load(learner_path, map_location="cpu", weights_only=True)
-    except Exception as e:  # torch raises many types for bad zips and forbidden globals
-        raise _fail(learner_path, f"is corrupt or unsafe: {one_line(e)}") from None
-    if type(blob) not in (dict, OrderedDict) or set(blob) != {"learner", "torch_rng"}:
-        raise _fail(learner_path, "is corrupt: expected {'learner', 'torch_rng'}")
-
+    blob = _load_learner(path)
     store = None
     if small["store"] is not None:
         store_path = os.path.join(path, STORE)
@@ -153,8 +170,8 @@ def checkpoint_size(path: str) -> int:
     return total
 
 
-def load_latest(run_dir: str) -> tuple[str, dict[str, Any]]:
-    """(path, state) of the newest checkpoint that is complete and verifies.
+def load_latest(run_dir: str, read=read_checkpoint) -> tuple[str, Any]:
+    """(path, `read(path)`) of the newest checkpoint that is complete and verifies.
 
     An incomplete one is skipped, and one that fails verification (tampered, truncated) falls back
     to the next older, each with a one-line warning; CheckpointError when none is left.
@@ -166,7 +183,7 @@ def load_latest(run_dir: str) -> tuple[str, dict[str, Any]]:
             skipped.append(f"skipping incomplete checkpoint {path}: {problem}")
             continue
         try:
-            state = read_checkpoint(path)
+            state = read(path)
         except CheckpointError as e:
             skipped.append(f"{e}")
             continue

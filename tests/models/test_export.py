@@ -98,9 +98,9 @@ def test_distrl_export_writes_a_file_that_acts_as_the_best_checkpoint(tmp_path, 
     session = ort.InferenceSession(path)  # the three lines of docs/guides/external-simulators.md
     obs = np.array([[0.01, 0.2, -0.03, 0.1]], np.float32)
     action = session.run(["action"], {"obs": obs})[0][0]
-    from distrl.api import _best_policy
+    from distrl.api import _run_policy
 
-    policy, meta = _best_policy(d, load_config(os.path.join(d, "config.yaml")))
+    policy, _, meta = _run_policy(d, load_config(os.path.join(d, "config.yaml")))
     assert action == policy.act(obs, explore=False)[0][0] and meta["version"] == 3
 
 
@@ -136,9 +136,9 @@ def test_an_exported_policy_normalizes_raw_observations_as_the_run_did(tmp_path)
     raw = rng.normal([1.0, -2.0, 0.5, 3.0], [2.0, 4.0, 1.0, 8.0], (64, 4)).astype(np.float32)
     normalization = Normalization(cfg.env.normalize, training=False)
     normalization.load(weights)
-    from distrl.api import _best_policy
+    from distrl.api import _run_policy
 
-    policy, _ = _best_policy(str(d), cfg)
+    policy, _, _ = _run_policy(str(d), cfg)
     want = policy.act(normalization.normalize(raw), explore=False)[0]
     got = ort.InferenceSession(path).run(["action"], {"obs": raw})[0]
     np.testing.assert_array_equal(got, want)
