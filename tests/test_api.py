@@ -72,3 +72,36 @@ def test_a_run_with_neither_a_best_nor_a_whole_checkpoint_is_one_line_and_exit_2
         assert err == (f"distrl: error: {run_dir}/checkpoints/best.safetensors not found (no evaluation of the run "
                        f"finished) and no usable checkpoint in {run_dir}/checkpoints")
     assert not (tmp_path / "x.onnx").exists()
+
+
+@pytest.mark.parametrize("config", ["apex_dqn_cartpole", "ppo_cartpole", "impala_cartpole", "sac_pendulum",
+                                    "r2d2_position_only_cartpole", "dhc_mapf_8x8", "cql_pendulum", "bc_cartpole"])
+def test_every_algorithms_newest_checkpoint_gives_back_its_learners_weights(tmp_path, capsys, config):
+    """The learner's state as its loop checkpoints it, written as a run's checkpoint, loads back into a learner
+    built from the run's config.yaml: the weights played are the saved learner's, not a fresh one's."""
+    import torch
+
+    from distrl.checkpoint.run import write_checkpoint
+    from distrl.config import dump_yaml, load_config
+    from distrl.roles.factory import make_algorithm
+    from distrl.roles.learning import LocalIO
+    from distrl.runtime.pacing import learner_loop
+
+    cfg = load_config(os.path.join(ROOT, "configs", f"{config}.yaml"))
+    learner = make_algorithm(cfg).make_learner("cpu")
+    torch.manual_seed(1)
+    with torch.no_grad():  # weights no freshly built learner has
+        for v in learner.weight_tensors().values():
+            if v.is_floating_point():
+                v.add_(0.1 * torch.randn_like(v))
+    state = learner_loop(learner, cfg.algo, cfg.learner, LocalIO(None, None)).get_state()
+    run_dir = str(tmp_path / "run")
+    write_checkpoint(run_dir, {"meta": {}, "learner": state, "store": None, "workers": [], "torch_rng": None,
+                               "numpy_rng": None})
+    (tmp_path / "run" / "config.yaml").write_text(dump_yaml(cfg))
+    _, weights, meta = _run_policy(run_dir, cfg)
+    want = learner.get_weights()
+    assert set(weights) == set(want) and meta["version"] == state["version"]
+    for k, v in want.items():
+        np.testing.assert_array_equal(weights[k], v)
+    assert "no best checkpoint" in capsys.readouterr().err
