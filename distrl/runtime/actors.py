@@ -256,8 +256,9 @@ class Learner(Traced):
             learner.use_gradient_workers(ray_gradient_fn([peer(g) for g in gradient_workers],
                                                          cfg.fault.role_timeout_s + cfg.fault.start_timeout_s),
                                          len(gradient_workers))
+        threads = thread_choice(device, cfg.learner.threads, cfg.mode, cfg.workers, cfg.eval.interval_steps is not None)
         self.loop = learner_loop(learner, cfg.algo, cfg.learner, RayIO(peer(ps), peer(replay)),
-                                 continuous=cfg.mode == "async", threads=thread_choice(cfg, device))
+                                 continuous=cfg.mode == "async", threads=threads)
         self.trimmer = HeapTrimmer()
 
 

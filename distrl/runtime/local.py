@@ -40,7 +40,8 @@ class LocalRoles(Roles):
         self.policy = algo.make_policy(0, 1, policy_seed(cfg.seed, 0))
         self.experience = make_experience(experience_spec(cfg), cfg)
         self.loop = learner_loop(learner, cfg.algo, cfg.learner, LocalIO(self.experience, self.policy),
-                                 threads=thread_choice(cfg, str(learner.device)))
+                                 threads=thread_choice(str(learner.device), cfg.learner.threads, cfg.mode, cfg.workers,
+                                                      cfg.eval.interval_steps is not None))
         self.loop.publish()
         # An offline run's replay holds its dataset: no env is stepped but the evaluator's; external simulators
         # stand in for the worker unless asked beside it.

@@ -113,9 +113,9 @@ def learner_loop(learner, algo: str, lc: LearnerConfig, io, continuous: bool = F
                        continuous=continuous, threads=threads)
 
 
-def thread_choice(cfg: Config, device: str) -> ThreadChoice:
-    """The learner's torch threads on this machine (`distrl.threads.learner_threads`); one on a GPU."""
+def thread_choice(device: str, threads: int, mode: str, workers: int, deterministic: bool) -> ThreadChoice:
+    """The learner's torch threads on this machine (`distrl.threads.learner_threads`; `threads`:
+    learner.threads, `deterministic`: evaluations by env steps); one on a GPU."""
     if not device.startswith("cpu"):
         return ThreadChoice(1)
-    return learner_threads(cfg.learner.threads, cfg.mode, cfg.workers, usable_cpus(),
-                           deterministic=cfg.eval.interval_steps is not None)
+    return learner_threads(threads, mode, workers, usable_cpus(), deterministic)
