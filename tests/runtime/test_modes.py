@@ -86,14 +86,17 @@ def test_every_mode_writes_a_complete_run_dir(traced_run):
 
 @pytest.fixture(scope="module", params=["single", "sync", "async"])
 def traced_run(request, tmp_path_factory):
-    """One traced Ape-X run per mode (2 workers in sync and async): (mode, run dir, summary)."""
+    """One traced Ape-X run per mode (2 workers in sync and async): (mode, run dir, summary). The single-mode
+    run evaluates at fixed env steps, waiting for the result: its 12k steps can take about a second once this
+    process has imported everything, less than its evaluator's start-up, and a run no evaluation of which
+    finished has no best checkpoint."""
     if request.param != "single":
         request.getfixturevalue("ray_session")
     run_dir = str(tmp_path_factory.mktemp("mode") / request.param)
+    evaluation = ["eval.interval_steps=6000"] if request.param == "single" else ["eval.interval_s=0.5"]
     summary = train(CARTPOLE, run_dir=run_dir, overrides=[
         f"mode={request.param}", f"workers={WORKERS}", f"stop.max_env_steps={STEPS}", "replay.min_size=1000",
-        "eval.target_return=null", "eval.interval_s=0.5", "log.interval_s=0.5", "log.progress=false",
-        "log.trace=true"])
+        "eval.target_return=null", *evaluation, "log.interval_s=0.5", "log.progress=false", "log.trace=true"])
     return request.param, run_dir, summary
 
 
