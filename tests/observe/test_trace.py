@@ -127,7 +127,11 @@ def test_flows_bind_to_the_enclosing_span_and_are_paired(tmp_path):
     worker, replay = T.Tracer("worker", 1, enabled=True), T.Tracer("replay", enabled=True)
     with worker.span("sample", "rollout"):
         worker.flow_out("fragment", 7)
-    worker.flow_out("fragment", 8)  # outside any span: it binds to nothing and is dropped
+    # Outside any span: it binds to nothing and is dropped. The sleeps keep it off the microsecond
+    # its neighbours end and start at, where it would lie inside them (span bounds are inclusive).
+    time.sleep(0.002)
+    worker.flow_out("fragment", 8)
+    time.sleep(0.002)
     with worker.span("sample", "rollout"):
         worker.flow_out("fragment", 10)  # still in flight when the trace was taken
     with replay.span("replay_add", "replay"):
