@@ -6,12 +6,14 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
 from distrl import resume
 from distrl.cli import main
+from tests.runtime.processes import PACED
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CARTPOLE = os.path.join(ROOT, "configs", "apex_dqn_cartpole.yaml")
@@ -150,25 +152,47 @@ def test_default_run_dirs_of_runs_started_together_differ():
 def test_a_second_interrupt_ends_the_run_at_once_and_one_sigterm_ends_it_cleanly(tmp_path):
     """The second SIGINT 50 ms after the first lands while the run waits; 100 ms after, while it writes
     its last checkpoint. Either way summary.json is written. In sync mode too, where the driver waits on
-    its Ray actors. The four runs go at once (their start-up is most of their time)."""
+    its Ray actors. The four runs go at once (their start-up is most of their time), each signalled from a
+    thread of its own as soon as it is going, on an env paced by the clock: a run waiting for its signal
+    leaves the cores to the others' start-up."""
     cases = {"twice": ([signal.SIGINT, signal.SIGINT], 0.05, "single"),
              "twice-later": ([signal.SIGINT, signal.SIGINT], 0.1, "single"),
              "term": ([signal.SIGTERM], 0, "single"),
              "sync-twice": ([signal.SIGINT, signal.SIGINT], 0.05, "sync")}
-    procs = {name: start_training(str(tmp_path / name), "--mode", mode) for name, (_, _, mode) in cases.items()}
-    for name, (signals, gap_s, _) in cases.items():
+    paced = [a for q in PACED for a in ("--set", q)]
+    procs = {name: start_training(str(tmp_path / name), "--mode", mode, *paced)
+             for name, (_, _, mode) in cases.items()}
+    outcomes: dict = {}
+
+    def interrupt(name: str) -> None:
+        signals, gap_s, _ = cases[name]
         run_dir, proc = str(tmp_path / name), procs[name]
-        wait_for(lambda: os.path.exists(os.path.join(run_dir, "metrics.csv")), timeout=120)
-        time.sleep(1.0)
-        t0 = time.time()
-        for sig in signals:
-            proc.send_signal(sig)
-            time.sleep(gap_s)
-        assert proc.wait(timeout=30) == 130, name
-        assert time.time() - t0 < 20, name
-        summary = json.load(open(os.path.join(run_dir, "summary.json")))
+        try:
+            wait_for(lambda: os.path.exists(os.path.join(run_dir, "metrics.csv")), timeout=120)
+            time.sleep(1.0)
+            t0 = time.time()
+            for sig in signals:
+                proc.send_signal(sig)
+                time.sleep(gap_s)
+            code = proc.wait(timeout=30)
+            outcomes[name] = (code, time.time() - t0, proc.stderr.read())
+        except BaseException as e:  # noqa: BLE001 - reported below, by case
+            outcomes[name] = e
+
+    threads = [threading.Thread(target=interrupt, args=(name,)) for name in cases]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for name in cases:
+        if procs[name].poll() is None:
+            procs[name].kill()
+        assert not isinstance(outcomes[name], BaseException), (name, outcomes[name])
+        code, took_s, stderr = outcomes[name]
+        assert code == 130 and took_s < 20, (name, code, took_s, stderr[-2000:])
+        summary = json.load(open(os.path.join(str(tmp_path / name), "summary.json")))
         assert summary["stop_reason"] == "interrupted", name
-        assert "Traceback" not in proc.stderr.read(), name
+        assert "Traceback" not in stderr, name
 
 
 @pytest.fixture(scope="module")
