@@ -75,8 +75,9 @@ def summarise(runs: list[dict], budget: float) -> dict:
         "runs": len(runs), "budget_s": budget, "env_steps": median_or_none([r["env_steps"] for r in runs]),
         "updates": median_or_none([r["updates"] for r in runs]),
         "updates_per_s": median_or_none([r["updates_per_s"] for r in runs]),
-        "policy_lag_p50": median_or_none([r["policy_lag"]["p50"] for r in runs]),
-        "policy_lag_p90": median_or_none([r["policy_lag"]["p90"] for r in runs]),
+        # An offline run (no workers) has no policy lag.
+        "policy_lag_p50": median_or_none([(r["policy_lag"] or {}).get("p50") for r in runs]),
+        "policy_lag_p90": median_or_none([(r["policy_lag"] or {}).get("p90") for r in runs]),
     }
 
 
