@@ -160,8 +160,9 @@ def table(results: dict) -> str:
     lines = ["| run | solved | budget (s) | median time to solve (s) | env steps | updates | updates/s | policy lag p50 / p90 |",
              "|---|---|---|---|---|---|---|---|"]
     for key, m in results["median"].items():
+        lag = "-" if m["policy_lag_p50"] is None else f"{m['policy_lag_p50']:.0f} / {m['policy_lag_p90']:.0f}"
         lines.append(f"| {key} | {m['solved']}/{m['runs']} | {m['budget_s']:.0f} | {m['time_to_solve_s']:.1f} | {m['env_steps']:.0f} | "
-                     f"{m['updates']:.0f} | {m['updates_per_s']:.0f} | {m['policy_lag_p50']:.0f} / {m['policy_lag_p90']:.0f} |")
+                     f"{m['updates']:.0f} | {m['updates_per_s']:.0f} | {lag} |")
     return "\n".join(lines)
 
 
