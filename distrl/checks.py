@@ -37,7 +37,7 @@ def validate(cfg: Config, address: str | None = None, resuming: bool = False) ->
             cfg.env.id, cfg.env.kwargs, wrappers=cfg.env.wrappers, preset=cfg.env.preset, normalize=cfg.env.normalize)
     except EnvError as e:
         raise ConfigError(str(e)) from None
-    spec = _check_external(cfg, algo, spec)
+    spec = _check_external(cfg.external, cfg.env, algo, spec)
     problem = algo.check_spec(spec)
     if problem:
         raise ConfigError(f"config key 'algo': {problem} ({cfg.env.id})")
@@ -147,36 +147,35 @@ def _check_datasets(cfg: Config, algo, spec, resuming: bool) -> None:
             raise ConfigError(f"config key 'log.dataset': {e}") from None
 
 
-def _check_external(cfg: Config, algo, spec):
-    """external.enabled: an algorithm that learns from simulators' steps, declared spaces that parse and agree
-    with env.id's (the evaluator plays env.id), an address the server can listen on. The spec the run's
-    networks are built for."""
+def _check_external(ext, env_cfg, algo, spec):
+    """`ext` (the external section) enabled: an algorithm that learns from simulators' steps, declared spaces
+    that parse and agree with `env_cfg.id`'s (the evaluator plays it), an address the server can listen on.
+    The spec the run's networks are built for."""
     import socket
 
     from distrl.envs.spaces import same_space
     from distrl.registry import with_capability
     from distrl.roles.factory import external_spec
 
-    ext = cfg.external
     if not ext.enabled:
         return spec
     if not algo.external:
         why = ("it learns from a dataset only" if algo.offline else
                "its workers send gradients of their own copy of the loss" if algo.data_path == "gradients" else
                "it acts with a recurrent state per episode and stores sequences with it")
-        raise ConfigError(f"config key 'external.enabled': {cfg.algo} cannot learn from external simulators: {why} "
+        raise ConfigError(f"config key 'external.enabled': {algo.name} cannot learn from external simulators: {why} "
                           f"(algorithms that can: {', '.join(with_capability('external'))})")
     if spec.frame_stack:
-        raise ConfigError(f"config key 'env.id': {cfg.env.id} stacks frames, which simulators' observations do not "
+        raise ConfigError(f"config key 'env.id': {env_cfg.id} stacks frames, which simulators' observations do not "
                           "share; declare external.observation_space (whole stacks) and an env.id that does not stack")
     try:
-        declared = external_spec(cfg.env, ext)
+        declared = external_spec(env_cfg, ext)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     for side, mine, env in (("observation", declared.observation_space, spec.observation_space),
                             ("action", declared.action_space, spec.action_space)):
         if not same_space(mine, env, bounds=side == "action"):
-            raise ConfigError(f"config key 'external.{side}_space': {mine} is not {cfg.env.id}'s {env}, which the "
+            raise ConfigError(f"config key 'external.{side}_space': {mine} is not {env_cfg.id}'s {env}, which the "
                               "evaluator plays with the network built for it")
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
