@@ -173,6 +173,7 @@ class CheckpointConfig:
     interval_s: float = f(60.0, "seconds between whole-run checkpoints (one is also taken at every stop and on SIGTERM/SIGINT)", lo=0.0, lo_open=True, hi=WEEK_S)
     keep: int = f(3, "newest complete checkpoints kept", lo=1)
     max_replay_bytes: int = f(2_000_000_000, "replay larger than this is left out of checkpoints; a resumed run then refills it from the workers", lo=0)
+    at_stop_s: float = f(600.0, "the longest the checkpoint at a run's stop waits for its healthy roles, past the wind-down (a role that hangs meanwhile is ended within fault.role_timeout_s; a second interrupt cuts it short)", lo=0.0, hi=WEEK_S)
 
 
 # What log.wandb and log.mlflow take: key -> the types its value may have.

@@ -135,9 +135,10 @@ class LocalRoles(Roles):
     def eval_busy(self) -> bool:
         return self.evaluator.busy
 
-    def wind_down(self, deadline: float) -> list[str]:
+    def wind_down(self, deadline: float, watch_hangs: bool = False) -> list[str]:
         """The run has stopped: no wait lasts past `deadline`, nothing is restarted; a process silent now is
-        ended (the first time): which ones. This process's roles are the driver's own: only the evaluator."""
+        ended (the first time): which ones. This process's roles are the driver's own: only the evaluator,
+        which no checkpoint waits on (`watch_hangs` changes nothing here)."""
         return self.evaluator.wind_down(deadline)
 
     def restarts(self, exact: bool = False) -> Restarts:

@@ -53,6 +53,7 @@ class RayRoles(Roles):
         self.evals = EvalCalls(eval_resume)  # the evaluation in flight, and the run's so far
         self.ticking = False
         self.wind_down_by: float | None = None  # set once the run has stopped: no wait lasts past it
+        self.watching_hangs = False  # in the wind-down: whether hung roles are still ended (a long checkpoint)
         self.unrecovered: set[str] = set()  # roles back as a new process, not yet put back in the run
         self.train_calls: dict = {}  # in-flight learner call -> updates asked
         self.rewound: list[TrainStats] = []  # learner restores to report with the next train()
@@ -112,7 +113,9 @@ class RayRoles(Roles):
         if self.wind_down_by is None:
             self.evals.take()
         self._check_stop()
-        if self.wind_down_by is not None:  # the run has stopped: nothing is ended, restarted or put back now
+        if self.wind_down_by is not None:  # the run has stopped: nothing is restarted or put back now
+            if self.watching_hangs:
+                self.beats.look()
             return
         self.ticking = True
         try:
@@ -324,11 +327,12 @@ class RayRoles(Roles):
         return self.evals.ref is not None
 
     # --- the rest of the contract -----------------------------------------------------
-    def wind_down(self, deadline: float) -> list[str]:
+    def wind_down(self, deadline: float, watch_hangs: bool = False) -> list[str]:
         """From now on no wait lasts past `deadline`; the first time, the processes that do not answer a
         heartbeat within a moment (hung, coming back, or back and not yet put back in the run) are ended with
-        no restart, and their calls fail at once."""
-        first, self.wind_down_by = self.wind_down_by is None, deadline
+        no restart, and their calls fail at once. `watch_hangs`: until the next call, a role that stops
+        answering its heartbeat is ended (its call fails), as before the stop: for a wait that may be long."""
+        first, self.wind_down_by, self.watching_hangs = self.wind_down_by is None, deadline, watch_hangs
         if not first:
             return []
         self.beats.close()  # nothing is ended as hung, or restarted, from now on

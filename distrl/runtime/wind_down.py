@@ -9,6 +9,7 @@ Each skip is one `distrl:` line (console and RUN_DIR/faults.log) and an entry of
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 from distrl.checkpoint import save_json
@@ -47,10 +48,14 @@ class WindDown:
     def left(self) -> float:
         return max(0.0, self.end_by - time.time())
 
-    def step(self, name: str, run, until: float | None = None):
+    def step(self, name: str, run, until: float | None = None, patient_s: float | None = None):
         """`run()` with no wait on a role past `until` (the deadline by default): its result, or None and a
-        skip when it was cut short (`Stopping`)."""
-        self.roles.wind_down(min(until or self.end_by, self.end_by))
+        skip when it was cut short (`Stopping`). `patient_s`: it may instead take up to that long, past the
+        deadline, for as long as the roles it waits on answer their heartbeats."""
+        if patient_s is not None:
+            self.roles.wind_down(max(self.end_by, time.time() + patient_s), watch_hangs=True)
+        else:
+            self.roles.wind_down(min(until or self.end_by, self.end_by))
         try:
             return run()
         except Stopping as e:
@@ -58,6 +63,8 @@ class WindDown:
             return None
         finally:
             self.roles.wind_down(self.end_by)
+            if patient_s is not None:  # what follows it (the trace, the summary) gets a moment of its own
+                self.end_by = max(self.end_by, time.time() + 1.0)
 
     def skip(self, name: str, why: str) -> None:
         if name not in self.skipped:
@@ -93,11 +100,12 @@ def finish(d, reason: str) -> dict:
         restarts = d._attempt(lambda: d.roles.restarts(exact=healthy)) or restarts
         note_restarts(d.c, restarts)
         d._log_row()
-        _last_checkpoint(d)
+        _last_checkpoint(d, healthy)
         d.interruptible = False
     except KeyboardInterrupt:  # a second interrupt during the last checkpoint: the summary still says so
         d.interruptible = False
         d.abort, d.failure = True, "stopped at once by a second interrupt"
+        d.wind.skip("checkpoint", "cut short by a second interrupt")
     summary = run_summary(d, reason, restarts, d._replay_bytes() if healthy and not d.abort else None)
     if not d.abort:
         d.wind.step("trace", lambda: d._attempt(d._write_trace, raise_stop=True))
@@ -129,9 +137,23 @@ def _last_evaluation(d) -> None:
         raise Stopping("the evaluator was silent at the stop" if "evaluator" in d.wind.ended else "no result in time")
 
 
-def _last_checkpoint(d) -> None:
-    """A resumable run, whatever stopped it: within the wind-down; after a second interrupt, at once."""
+def _last_checkpoint(d, healthy: bool) -> None:
+    """A resumable run, whatever stopped it: after a healthy stop, however long its roles take to write it
+    (up to checkpoint.at_stop_s; a role that hangs meanwhile is ended and cuts it short), said in one line
+    when that is past the wind-down; after a fault within the wind-down; after a second interrupt, at once."""
     if d.abort:
         d._attempt(lambda: d._checkpoint(attempts=2), within_s=d.wind.left())
-    else:
+        return
+    if not healthy:
         d.wind.step("checkpoint", lambda: d._attempt(lambda: d._checkpoint(attempts=2), raise_stop=True))
+        return
+    w = d.wind
+    late = threading.Timer(w.left(), lambda: w.faults.event(
+        "the checkpoint at the stop takes longer than the wind-down: waiting for it (a second interrupt cuts it short)"))
+    late.daemon = True
+    late.start()
+    try:
+        w.step("checkpoint", lambda: d._attempt(lambda: d._checkpoint(attempts=2), raise_stop=True),
+               patient_s=d.cfg.checkpoint.at_stop_s)
+    finally:
+        late.cancel()
