@@ -113,15 +113,17 @@ class ActorTable:
         t = self.of(actor)
         return t.state, t.since
 
-    def end(self, actor, cause: str) -> None:
+    def end(self, actor, cause: str, process: tuple[int, str] | None = None) -> None:
         """End a hung actor's process so that Ray restarts it: SIGKILL when it runs on this node (at
-        once, a stopped process too), else through Ray. The death is counted when Ray reports it."""
+        once, a stopped process too), else through Ray. The death is counted when Ray reports it.
+        `process`: (pid, node id) of one that is still starting (the table has a pid only once ALIVE)."""
         t = self.of(actor)
+        pid, node = process or (t.pid, t.node)
         with self.lock:
             t.ended = (cause, time.time())
-            if t.pid and t.node == self.here:
+            if pid and node == self.here:
                 try:
-                    os.kill(t.pid, signal.SIGKILL)
+                    os.kill(pid, signal.SIGKILL)
                     return
                 except OSError:
                     pass  # gone already: Ray is about to report it

@@ -8,6 +8,12 @@ left unanswered for `fault.role_timeout_s` while Ray's table says ALIVE is hung,
 (`ActorTable.end`), whatever the driver's own thread is doing meanwhile (waiting on a role, a restart, a
 checkpoint). Ray restarts it like any other death. No call's own length is ever taken for a hang.
 
+A role answers no call before its constructor has returned, so while Ray's table says it is starting (or
+coming back), its sign of life (`actor_base`: a count it puts in Ray's key-value store every second from
+the first line of its constructor) stands in for the heartbeat: one that stops moving for
+`fault.role_timeout_s` is hung in its start-up, and is ended the same way. A process not yet begun has no
+sign of life: `fault.start_timeout_s` covers a start that is slow to come, or alive but slow.
+
 The driver's thread reads what was heard (`answer`: who answered, from which process) when it looks
 (`RoleWatch`, `WorkerPool`): putting a restarted role back in the run is done there.
 """
@@ -18,13 +24,16 @@ import time
 
 import ray
 from ray.exceptions import RayTaskError
+from ray.experimental.internal_kv import _internal_kv_get
 
-from distrl.runtime.deaths import ActorTable
+from distrl.runtime.actor_base import LIFE_KEY
+from distrl.runtime.deaths import COMING_BACK, ActorTable
 from distrl.runtime.faultlog import SILENT_S
 from distrl.runtime.ray_setup import ACTOR_GONE
 
 LOOK_S = 0.25  # how often the thread looks
-RETRY_S = 0.2  # a heartbeat that failed (the process is down, or coming back) is sent again this soon
+RETRY_S = 0.2
+LIFE_READ_S = 0.5  # how often a starting process's sign of life is read  # a heartbeat that failed (the process is down, or coming back) is sent again this soon
 
 
 class Heartbeats:
@@ -37,6 +46,9 @@ class Heartbeats:
         self.failing: dict[str, float] = {}  # name -> since when its heartbeats fail (down, or coming back)
         self.next_ask: dict[str, float] = {}
         self.off: set[str] = set()  # no longer watched: lost, or ended for good
+        self.life: dict[str, tuple[bytes, float]] = {}  # name -> (its sign of life in its start-up, when it last moved)
+        self.next_life_read: dict[str, float] = {}
+        self.ended_starts: set[str] = set()  # "PID NODE" of processes ended as hung in their start-up
         self.stopped = threading.Event()
         self.thread: threading.Thread | None = None
 
@@ -71,6 +83,7 @@ class Heartbeats:
                 if name in self.off:
                     continue
                 self._judge(name, now)
+                self._judge_start(name, now)
                 if name not in self.pending and now >= self.next_ask[name]:
                     self.pending[name] = (actor.pid.remote(), now)
                     self.next_ask[name] = now + self.interval_s
@@ -96,6 +109,31 @@ class Heartbeats:
         if state == "ALIVE" and now - max(entry[1], since) > self.timeout_s:
             self.table.end(self.actors[name], f"hung (no answer within {self.timeout_s:g} s), ended")
             del self.pending[name]
+
+    def _judge_start(self, name: str, now: float) -> None:
+        """End a process whose sign of life in its start-up stopped moving for `timeout_s`."""
+        if self.state(name)[0] not in COMING_BACK:
+            self.life.pop(name, None)
+            return
+        if now < self.next_life_read.get(name, 0.0):  # the driver's thread looks too: one read per period
+            return
+        self.next_life_read[name] = now + LIFE_READ_S
+        try:
+            said = _internal_kv_get(LIFE_KEY.format(self.actors[name]._actor_id.hex()).encode())
+        except Exception:  # noqa: BLE001 - the GCS unreachable for a moment: the next look reads it
+            return
+        if said is None:  # not begun yet (or begun and answering): nothing to judge
+            self.life.pop(name, None)
+            return
+        if name not in self.life or self.life[name][0] != said:
+            self.life[name] = (said, now)
+            return
+        pid, node, _ = said.decode().split()
+        if now - self.life[name][1] > self.timeout_s and f"{pid} {node}" not in self.ended_starts:
+            self.ended_starts.add(f"{pid} {node}")
+            self.table.end(self.actors[name], f"hung in its start-up (no sign of life for {self.timeout_s:g} s), "
+                                              f"ended", process=(int(pid), node))
+            self.life.pop(name, None)
 
     def state(self, name: str) -> tuple[str, float]:
         """(its state, since when): Ray's table's; where that cannot be read, down while its heartbeats fail."""

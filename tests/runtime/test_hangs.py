@@ -268,3 +268,47 @@ def test_async_mode_hangs_at_the_defaults(ray_session, tmp_path):
     assert summary["replay_refilled_items"] > 0, summary
     check_written(run_dir, summary, last_taken=False)
     went_on(run_dir, start, stopped)
+
+
+def test_a_role_stopped_in_its_start_up_is_found_hung(ray_session, tmp_path):
+    """A rollout worker SIGSTOPped while its constructor runs (its sign of life begun, its heartbeat not yet
+    answered) is found hung as fast as one stopped later, not at fault.start_timeout_s: ended, restarted,
+    counted once, and the run goes on with it."""
+    from ray.experimental.internal_kv import _internal_kv_list
+
+    run_dir, stopped, done = str(tmp_path / "run"), [], threading.Event()
+    before = snapshot("RolloutWorker")
+
+    def stop_one_starting():
+        while not done.is_set() and not stopped:
+            starting = {int(v.split()[0]) for v in (_life(k) for k in _internal_kv_list(b"distrl-life:")) if v}
+            workers = set(new_pids("RolloutWorker", before)) & starting
+            if workers:
+                pid = min(workers)
+                os.kill(pid, signal.SIGSTOP)
+                stopped.append((pid, time.time(), started_at(pid)))
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=stop_one_starting, daemon=True)
+    start = time.time()
+    thread.start()
+    try:
+        summary = train(CARTPOLE, run_dir=run_dir, start_time=start, overrides=[
+            "mode=async", "workers=2", "stop.max_seconds=35", "seed=0", *RUN])
+    finally:
+        done.set()
+        for pid, _, ticks in stopped:
+            resume_if_stopped(pid, ticks)
+    assert stopped, "no worker was seen starting"
+    stopped_at = stopped[0][1] - start
+    lines = [e for e in fault_events(run_dir) if " hung in its start-up (no sign of life for 5 s), ended, restarted in " in e[1]]
+    assert len(lines) == 1 and lines[0][1].startswith("worker "), fault_events(run_dir)
+    assert ended_at(lines[0]) - stopped_at < FOUND_S, (stopped_at, lines)
+    assert summary["worker_restarts"] == 1 and summary["failure"] is None, summary
+    went_on(run_dir, start, [[(None, None, stopped[0][1], None)], []])
+
+
+def _life(key: bytes):
+    from ray.experimental.internal_kv import _internal_kv_get
+
+    return (_internal_kv_get(key) or b"").decode()
