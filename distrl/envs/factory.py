@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import sys
 import warnings
 from typing import Any, Callable
 
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
+from gymnasium.envs.registration import parse_env_id
 
 from distrl.config.sections import ENV_PRESETS
 from distrl.core import EnvSpec
@@ -71,11 +73,44 @@ def import_module_of(env_id: str) -> tuple[Any, str]:
         raise EnvError(f"config key 'env.id': cannot import {module!r} for {env_id!r}: {one_line(e)}") from None
 
 
+# Packages whose import registers ids, by how their ids start: such an id is written `module:Id`.
+REGISTERED_BY = {"MiniGrid-": "minigrid", "BabyAI-": "minigrid", "Vizdoom": "vizdoom.gymnasium_wrapper",
+                 "popgym-": "popgym"}
+
+
+def _versions_near(env_id: str) -> list[str]:
+    """The registered versions of `env_id`'s name nearest its version, newest first ([] for an id without
+    a version): difflib would rank HalfCheetah-v2 above HalfCheetah-v5 for HalfCheetah-v99."""
+    try:
+        namespace, name, asked = parse_env_id(env_id)
+    except gym.error.Error:
+        return []
+    if asked is None:
+        return []
+    key = ((namespace or "").lower(), name.lower())
+    same = [s for s in gym.envs.registry.values()
+            if s.version is not None and ((s.namespace or "").lower(), s.name.lower()) == key]
+    nearest = sorted(same, key=lambda s: (abs(s.version - asked), -s.version))[:3]
+    return [s.id for s in sorted(nearest, key=lambda s: -s.version)]
+
+
 def _close_ids(env_id: str) -> list[str]:
-    """Registered ids a user may have meant: other versions of the same name, then near spellings."""
+    """Registered ids a user may have meant: other versions of the same name, else near spellings."""
+    versions = _versions_near(env_id)
+    if versions:
+        return versions
     same = sorted(k for k in gym.envs.registry if k.split("-")[0].lower() == env_id.split("-")[0].lower())
     near = difflib.get_close_matches(env_id, list(gym.envs.registry), n=3, cutoff=0.6)
     return list(dict.fromkeys(same + near))[:3]
+
+
+def _unknown_id_hint(env_id: str) -> str:
+    """How to write an id a package registers when it is imported, else the ids a user may have meant."""
+    module = next((m for prefix, m in REGISTERED_BY.items() if env_id.startswith(prefix)), None)
+    if module is not None and module not in sys.modules:
+        return f" (an id registered by a package is written package:Id: {module}:{env_id})"
+    close = _close_ids(env_id)
+    return f" (did you mean {', '.join(close)}?)" if close else ""
 
 
 def _constructor(env_id: str) -> Callable[..., gym.Env]:
@@ -85,9 +120,7 @@ def _constructor(env_id: str) -> Callable[..., gym.Env]:
         if env_id in gym.envs.registry:
             _mujoco_warnings_through_python(env_id)
             return lambda **kw: gym.make(env_id, **kw)
-        close = _close_ids(env_id)
-        hint = f" (did you mean {', '.join(close)}?)" if close else ""
-        raise EnvError(f"config key 'env.id': unknown gymnasium environment {env_id!r}{hint}")
+        raise EnvError(f"config key 'env.id': unknown gymnasium environment {env_id!r}{_unknown_id_hint(env_id)}")
     mod, name = import_module_of(env_id)
     if name in gym.envs.registry:
         return lambda **kw: gym.make(name, **kw)

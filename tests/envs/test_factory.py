@@ -27,17 +27,31 @@ def test_an_env_that_is_neither_atari_nor_minatar_does_not_import_them():
 
 
 @pytest.mark.parametrize("env_id, hint", [
-    ("ALE/NoSuchGame-v5", "ALE/"),
-    ("ALE/Breakot-v5", "ALE/Breakout-v5"),
-    ("MinAtar/Nope-v1", "MinAtar/"),
-    ("MinAtar/Breakout-v3", "MinAtar/Breakout-v0, MinAtar/Breakout-v1"),
+    ("ALE/NoSuchGame-v5", "did you mean ALE/"),
+    ("ALE/Breakot-v5", "did you mean ALE/Breakout-v5"),
+    ("MinAtar/Nope-v1", "did you mean MinAtar/"),
+    ("MinAtar/Breakout-v3", "did you mean MinAtar/Breakout-v1, MinAtar/Breakout-v0?"),
+    ("HalfCheetah-v99", "did you mean HalfCheetah-v5, HalfCheetah-v4, HalfCheetah-v3?"),  # nearest, newest first
+    ("MiniGrid-DoorKey-5x5-v0", "written package:Id: minigrid:MiniGrid-DoorKey-5x5-v0)"),
+    ("BabyAI-GoToRedBall-v0", "written package:Id: minigrid:BabyAI-GoToRedBall-v0)"),
+    ("VizdoomBasic-v1", "written package:Id: vizdoom.gymnasium_wrapper:VizdoomBasic-v1)"),
 ])
-def test_an_unknown_game_is_one_line_naming_it_with_close_ids(env_id, hint):
+def test_an_unknown_game_is_one_line_naming_it_with_close_ids_or_how_to_write_it(env_id, hint):
     with pytest.raises(EnvError) as e:
         check_env(env_id)
     message = str(e.value)
-    assert message.startswith(f"config key 'env.id': unknown gymnasium environment {env_id!r} (did you mean ")
+    assert message.startswith(f"config key 'env.id': unknown gymnasium environment {env_id!r} (")
     assert hint in message and "\n" not in message
+
+
+def test_the_written_id_of_an_installed_package_builds():
+    code = ("from distrl.envs import EnvError, check_env\n"
+            "try:\n    check_env('popgym-CountRecallEasy-v0')\n"
+            "except EnvError as e:\n    written = str(e).rsplit(' ', 1)[-1].rstrip(')')\n"
+            "check_env(written)\nprint(written)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "popgym:popgym-CountRecallEasy-v0"
 
 
 def test_minatar_observations_are_10x10_channels_last_bools_and_not_frame_stacks():
