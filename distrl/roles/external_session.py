@@ -28,7 +28,9 @@ class Session(asyncio.Protocol):
     def __init__(self, server):
         self.server, self.buf = server, bytearray()
         self.transport = None
-        self.encoding = "msgpack"
+        # JSON until a payload says otherwise: a reply before one is read (a first frame too long, no hello)
+        # must be one that any client can parse
+        self.encoding = "json"
         self.slot: int | None = None
         self.inference = ""
         self.episodes: Episodes | None = None  # set by hello

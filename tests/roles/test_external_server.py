@@ -86,6 +86,15 @@ def test_an_oversized_frame_is_refused_before_it_is_read(server):
     assert raw.closed()
 
 
+def test_a_first_frame_too_long_to_read_is_refused_in_json_which_any_client_parses(server):
+    raw = Raw(server.port)
+    raw.sock.sendall(struct.pack(">I", 2**31))  # no payload read: the connection's encoding is not known
+    (n,) = struct.unpack(">I", raw.sock.recv(4, socket.MSG_WAITALL))
+    reply = json.loads(raw.sock.recv(n, socket.MSG_WAITALL))
+    assert reply["type"] == "error" and reply["error"] == "too_large"
+    assert raw.closed()
+
+
 @pytest.mark.parametrize("msg, code", [
     ({"type": "get_action", "episode": "nope", "obs": OBS}, "unknown_episode"),
     ({"type": "get_action", "episode": "e", "obs": [1.0, 2.0]}, "bad_value"),
