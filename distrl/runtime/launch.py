@@ -12,6 +12,7 @@ from distrl.checkpoint.lock import RunDirLock
 from distrl.checkpoint.run import load_latest, restore_global_rng
 from distrl.config import Config, ConfigError, apply_overrides, dump_yaml, from_dict, to_dict
 from distrl.observe.repair import repair_logs
+from distrl.observe.startup import StartupLine
 from distrl.core import Roles
 from distrl.roles.evaluation import saved_rank
 from distrl.runtime.counters import Counters, counters_from_meta
@@ -20,13 +21,21 @@ from distrl.runtime.driver import Driver
 
 def make_roles(cfg: Config, run_dir: str, start_time: float, address: str | None,
                eval_resume: dict | None = None) -> Roles:
-    if cfg.mode == "single":
-        from distrl.runtime.local import LocalRoles
+    """The mode's roles, started; what the start is doing is said on the console meanwhile (it takes seconds:
+    Ray and processes that each import torch)."""
+    startup = StartupLine(start_time, cfg.log.progress)
+    then = "" if cfg.mode == "single" else f"; joining Ray at {address}" if address else "; Ray starting"
+    startup.say(f"starting {cfg.algo} on {cfg.env.id} ({cfg.mode} mode){then}")
+    try:
+        if cfg.mode == "single":
+            from distrl.runtime.local import LocalRoles
 
-        return LocalRoles(cfg, start_time, eval_resume, run_dir)
-    from distrl.runtime.ray_roles import RayRoles
+            return LocalRoles(cfg, start_time, eval_resume, run_dir, startup)
+        from distrl.runtime.ray_roles import RayRoles
 
-    return RayRoles(cfg, run_dir, start_time, address, eval_resume)
+        return RayRoles(cfg, run_dir, start_time, address, eval_resume, startup)
+    finally:
+        startup.close()  # training's progress line, or the error that ended the start, takes the line over
 
 
 def run_training(cfg: Config, run_dir: str, start_time: float, address: str | None = None) -> dict:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from distrl.config import Config
 from distrl.core import Gathered, Restarts, RoleLost, Roles, RunState, TrainStats
+from distrl.observe.startup import StartupLine
 from distrl.observe.trace import configure, tracer
 from distrl.roles.factory import make_algorithm, make_rollout, policy_seed, resolve_device, trace_settings
 from distrl.roles.learning import LocalIO
@@ -24,7 +25,9 @@ SERVER_WAIT_S = 0.05  # with no worker of its own, a gather waits this long for 
 class LocalRoles(Roles):
     """Every role in this process except the evaluator."""
 
-    def __init__(self, cfg: Config, start_time: float, eval_resume: dict | None = None, run_dir: str | None = None):
+    def __init__(self, cfg: Config, start_time: float, eval_resume: dict | None = None, run_dir: str | None = None,
+                 startup: StartupLine | None = None):
+        """`startup`: where the start is said on the console (none: silent)."""
         one_compute_thread(load_torch=True)
         configure("main", None, *trace_settings(cfg.log))
         self.cfg = cfg
@@ -32,6 +35,8 @@ class LocalRoles(Roles):
         self.lost: RoleLost | None = None  # the evaluator could not come back
         # First: overlaps its start-up.
         self.evaluator = LocalEvaluator(cfg, start_time, eval_resume, FaultLog(run_dir, start_time))
+        startup = startup or StartupLine(start_time, enabled=False)
+        startup.starting(["evaluator"])
         self.evaluator.stop_due = lambda: self.stop_due()  # the driver sets `stop_due` later
         algo = make_algorithm(cfg)
         learner = algo.make_learner(resolve_device(cfg.device))
@@ -51,6 +56,15 @@ class LocalRoles(Roles):
         self.run_dir, self.server, self.server_restarts = run_dir, None, 0
         if cfg.external.enabled:
             self._start_server(cfg.external.port)
+        self._say_evaluator(startup)
+
+    def _say_evaluator(self, startup: StartupLine) -> None:
+        """Whether the evaluator answered yet: training does not wait for it (the first evaluation does)."""
+        self.evaluator.check()
+        if self.evaluator.ready:
+            startup.ready("evaluator")
+        else:
+            startup.say("learner ready in this process; the evaluator still starting (training does not wait for it)")
 
     def get_state(self) -> RunState:
         max_bytes = self.cfg.checkpoint.max_replay_bytes

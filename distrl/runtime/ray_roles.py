@@ -21,6 +21,7 @@ from ray.util.placement_group import remove_placement_group
 from distrl.config import Config
 from distrl.core import Gathered, Restarts, RoleLost, RoleRestarted, Roles, RunState, Stopping, TrainStats
 from distrl.envs.normalize import merged
+from distrl.observe.startup import StartupLine
 from distrl.roles.experience import newest_store, write_store
 from distrl.roles.factory import trace_settings
 from distrl.runtime.actor_base import start_tracing
@@ -28,6 +29,7 @@ from distrl.runtime.counters import plus, restarts_in
 from distrl.runtime.deaths import ActorTable, keep_ray_text_off_the_console
 from distrl.runtime.faultlog import FaultLog
 from distrl.runtime.ray_start import start_roles
+from distrl.runtime.ray_startup import wait_for_started
 from distrl.runtime.ray_setup import ACTOR_GONE, init_ray, user_modules
 from distrl.runtime.ray_eval import EvalCalls
 from distrl.runtime.ray_traces import ActorTraces
@@ -40,8 +42,12 @@ class RayRoles(Roles):
     """ParameterServer, ReplayServer, Learner, Evaluator and N RolloutWorkers as actors."""
 
     def __init__(self, cfg: Config, run_dir: str, start_time: float, address: str | None = None,
-                 eval_resume: dict | None = None):
+                 eval_resume: dict | None = None, startup: StartupLine | None = None):
+        """`startup`: where the start is said on the console (none: silent)."""
+        self.startup = startup or StartupLine(start_time, enabled=False)
+        began = time.time()
         init_ray(address, user_modules(cfg.model))
+        self.startup.say(f"Ray up in {time.time() - began:.1f} s")
         start_tracing(trace_settings(cfg.log), "driver")  # labelled with its Ray node, as the actors are
         self.cfg, self.run_dir = cfg, run_dir
         self.group = self.worker_group = self.pool = None
@@ -76,8 +82,7 @@ class RayRoles(Roles):
             raise
 
     def _wait_for_roles(self) -> None:
-        for name in self.watch.actors:  # their processes start in parallel; wait once for all
-            self.watch.wait_for(name)
+        wait_for_started(self)  # every role, and the workers started by then, said on the console as each answers
 
     @property
     def workers(self) -> list:

@@ -84,8 +84,9 @@ def start_roles(roles, cfg, start_time: float, address: str | None, eval_resume:
         roles._wait_for_roles()
     window_s = None if cfg.mode == "sync" else cfg.async_.window_s
     _start_workers(roles, plan, place, d, names, cfg.fault, cfg.placement.workers_strategy, window_s)
-    if not address:  # embedded, no role reserves a CPU: workers start alongside the roles
-        roles._wait_for_roles()
+    # Embedded, no role reserves a CPU: workers start alongside the roles, waited for together. On a cluster
+    # the roles answered already: the workers' first answers (each said on the console) are waited for.
+    roles._wait_for_roles()
     if plan.counts["external"]:
         _publish_server(roles)
 

@@ -11,6 +11,7 @@ this one find it as they left it. The node-loss test removes node b, so it stays
 import csv
 import json
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -307,8 +308,9 @@ def test_a_run_whose_learner_cannot_start_in_time_is_one_line_and_leaves_nothing
         ray.kill(holder)
     err = capsys.readouterr().err
     assert code == 1, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and "could not start" in lines[0] and "learner" in lines[0], err
+    *starting, failed = err.strip().splitlines()  # the start-up's progress lines, then the one line of the failure
+    assert "could not start" in failed and "learner" in failed, err
+    assert all(re.match(r" *\d+\.\ds  ", line) for line in starting), err
     assert not run_dir.exists()
     wait_until_idle()
     held, groups = held_resources()
