@@ -16,6 +16,7 @@ from distrl import train
 from distrl.checkpoint.layout import TMP_PREFIX
 from distrl.checkpoint.read import read_checkpoint
 from distrl.replay.store import digest
+from tests.pace import scaled
 from tests.runtime.processes import PACED, ended_at, fault_events, new_pids, resume_if_stopped, snapshot
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -232,7 +233,7 @@ def test_sync_mode_hangs_at_the_defaults(ray_session, tmp_path, capfd):
     shortly before the budget ends. The console has distrl's one line per hang and nothing of Ray's. One
     rollout worker: all eight processes restart at once, each importing torch, which takes 15-25 s of a
     loaded 2-core machine; the budget leaves the run time to go on after that."""
-    budget, names = 66.0, list(RAY_ROLES)
+    budget, names = scaled(66.0), list(RAY_ROLES)  # restarts take longer on a slower machine: so does the run
     run_dir, start, ended, summary, stopped, roles = run_with_waves(
         tmp_path, "sync", names, [dict.fromkeys(names)], budget, [*RAY_EXTRA, "workers=1"])
     err = capfd.readouterr().err
@@ -253,7 +254,7 @@ def test_async_mode_hangs_at_the_defaults(ray_session, tmp_path):
     for every role's state), then those two, then every role shortly before the budget ends. Every worker
     acts through the inference server, so no env step is taken from the second wave until the server is
     back: the budget leaves time for that restart on a loaded machine, and for steps after it."""
-    budget, names = 75.0, list(RAY_ROLES)
+    budget, names = scaled(75.0), list(RAY_ROLES)
     first = {**dict.fromkeys(names), "RolloutWorker": 1}
     del first["InferenceServer"]
     run_dir, start, ended, summary, stopped, roles = run_with_waves(  # the limiter lets it run while the learner hangs
