@@ -84,28 +84,36 @@ def headline_rows() -> list[tuple[str, str, str, str]]:
         ("Ape-X DQN on Atari Breakout, one hour", f"best eval {hour['best_eval_return']} after "
          f"{hour['env_steps'] / 1e3:,.0f}k agent steps (4 frames each: {hour['env_steps'] * 4 / 1e6:.2f}M frames)", "",
          "atari_breakout_60min"),
-        *[_sb3_mujoco_row(peer, task) for peer, task in (
-            ("sac_halfcheetah", "SAC reaches 5,000 on HalfCheetah-v5"),
-            ("ppo_hopper", "PPO reaches 2,000 on Hopper-v5 (normalized)"))],
+        _sb3_mujoco_row("sac_halfcheetah", "SAC reaches 5,000 on HalfCheetah-v5"),
+        _sb3_mujoco_row("ppo_hopper", "PPO reaches 2,000 on Hopper-v5 (normalized)", same="ppo_hopper_same"),
         (f"{soak['minutes']:.0f} minutes of an async run, its learner and parameter server killed",
          f"every role's memory within {growth:.1f}% of its size after warm-up; {kept}", "", "soak"),
     ]
 
 
-def _sb3_mujoco_row(peer: str, task: str) -> tuple[str, str, str, str]:
-    """A MuJoCo config against Stable-Baselines3 (`bench.peers.sb3_mujoco`): distrl's seeds, and SB3's."""
+def _sb3_mujoco_row(peer: str, task: str, same: str | None = None) -> tuple[str, str, str, str]:
+    """A MuJoCo config against Stable-Baselines3 (`bench.peers.sb3_mujoco`): distrl's seeds, and SB3's with
+    rl-zoo's settings; `same`: the peer run with distrl's own settings on SB3's side too."""
     data = load(f"sb3_{peer}.json")
     summary, budget = data["summary"], data["budget_s"]
-    ours, sb3 = summary["distrl"], summary.get("sb3")
+    ours = summary["distrl"]
     distrl = f"{ours['solved']}/{ours['runs']} seeds, median {_s(ours['median_unsolved_as_budget_s'])} of {_s(budget)}"
-    if not sb3:
+    if not summary.get("sb3"):
         return task, distrl, "Stable-Baselines3: not run", f"sb3_{peer}"
+    peers = f"Stable-Baselines3, rl-zoo settings: {_sb3_against(summary, budget)}"
+    if same is not None:
+        other = load(f"sb3_{same}.json")
+        peers += f"; with distrl's settings: {_sb3_against(other['summary'], other['budget_s'])}"
+    return task, distrl, peers, ", ".join(f"sb3_{p}" for p in (peer, same) if p)
+
+
+def _sb3_against(summary: dict, budget: float) -> str:
+    sb3 = summary["sb3"]
     if summary.get("ratio_sb3_over_distrl") is not None:
         ratio = f"{summary['ratio_sb3_over_distrl']:.2f}× distrl's time"
     else:
         ratio = f"≥ {summary['ratio_unsolved_as_budget']:.2f}× distrl's time (unsolved counted as the budget)"
-    return task, distrl, (f"Stable-Baselines3, rl-zoo settings: {sb3['solved']}/{sb3['runs']} seeds within "
-                          f"{_s(budget)}, {ratio}"), f"sb3_{peer}"
+    return f"{sb3['solved']}/{sb3['runs']} seeds within {_s(budget)}, {ratio}"
 
 
 def headline_table(link_prefix: str) -> str:

@@ -1,7 +1,7 @@
 """Stable-Baselines3 against distrl on MuJoCo, same criterion, same clock: SAC on HalfCheetah-v5 and PPO
 on Hopper-v5.
 
-    python -m bench.peers.sb3_mujoco --peer sac_halfcheetah|ppo_hopper [--seeds 0 1 2] [--budget-s S]
+    python -m bench.peers.sb3_mujoco --peer sac_halfcheetah|ppo_hopper|ppo_hopper_same [--seeds 0 1 2] [--budget-s S]
                                      [--no-ours | --no-sb3] [--lock /tmp/distrl-heavy.lock] [--out PATH]
 
 Per seed, each a fresh process timed from its own start (`bench/peers/sb3_runs.py` runs both sides,
@@ -18,7 +18,10 @@ SB3's side, rl-baselines3-zoo's hyperparameters for the -v3 versions of these en
 - ppo_hopper: VecNormalize (observations and rewards, its gamma the algorithm's), 1 env, n_steps 512,
   batch 32, 5 epochs, gamma 0.999, GAE lambda 0.99, learning rate 9.80828e-5, entropy 0.00229519, clip 0.2,
   max_grad_norm 0.7, vf_coef 0.835671, separate 256x256 ReLU actor and critic, log_std_init -2, no
-  orthogonal init. Its greedy evaluation normalizes observations with VecNormalize's statistics, frozen.
+  orthogonal init. Its greedy evaluation normalizes observations with VecNormalize's statistics, frozen;
+- ppo_hopper_same: distrl's settings (configs/ppo_hopper.yaml) on SB3's side: VecNormalize (clip 10),
+  4 envs x 512 steps, 10 epochs of minibatches of 64 (32 per update), gamma 0.99, GAE lambda 0.95, Adam 3e-4,
+  clip 0.2, max_grad_norm 0.5, vf_coef 0.5, no entropy bonus, 64x64 tanh actor and critic.
 JSON: bench/results/sb3_<peer>.json.
 """
 from __future__ import annotations
@@ -39,6 +42,13 @@ PEERS = {
                    "policy_kwargs": "dict(log_std_init=-2, ortho_init=False, activation_fn=nn.ReLU, "
                                     "net_arch=dict(pi=[256, 256], vf=[256, 256]))",
                    "total_timesteps": 1_000_000},
+    # distrl's own settings on SB3's side (configs/ppo_hopper.yaml): the frameworks compared, not the settings.
+    "ppo_hopper_same": {"config": "configs/ppo_hopper.yaml", "env": "Hopper-v5", "n_envs": 4,
+                        "hyperparameters": dict(n_steps=512, batch_size=64, n_epochs=10, gamma=0.99, gae_lambda=0.95,
+                                                learning_rate=3e-4, ent_coef=0.0, clip_range=0.2, max_grad_norm=0.5,
+                                                vf_coef=0.5),
+                        "policy_kwargs": "dict(activation_fn=nn.Tanh, net_arch=dict(pi=[64, 64], vf=[64, 64]))",
+                        "VecNormalize": dict(clip_obs=10.0, clip_reward=10.0), "total_timesteps": 1_000_000},
 }
 OPTIONS = {"--peer": dict(choices=sorted(PEERS), required=True, help="which algorithm and env")}
 
@@ -64,7 +74,8 @@ def child(args) -> None:
     from stable_baselines3.common.vec_env import VecNormalize
 
     hp = peer["hyperparameters"]
-    envs = VecNormalize(make_vec_env(env_id, n_envs=1, seed=args.seed), gamma=hp["gamma"])
+    envs = VecNormalize(make_vec_env(env_id, n_envs=peer.get("n_envs", 1), seed=args.seed), gamma=hp["gamma"],
+                        **peer.get("VecNormalize", {}))
     model = PPO("MlpPolicy", envs, **hp, policy_kwargs=eval(peer["policy_kwargs"]), seed=args.seed, device="cpu",
                 verbose=0)
     run_child(model, lambda: gym.make(env_id), args, START, peer["total_timesteps"], normalize_obs=envs.normalize_obs)
@@ -73,7 +84,8 @@ def child(args) -> None:
 def settings(args) -> dict:
     peer = PEERS[args.peer]
     return {"peer": args.peer, **peer["hyperparameters"], "total_timesteps": peer["total_timesteps"],
-            **({"policy_kwargs": peer["policy_kwargs"], "VecNormalize": True} if "policy_kwargs" in peer else {})}
+            **({"policy_kwargs": peer["policy_kwargs"], "VecNormalize": peer.get("VecNormalize", True),
+                "n_envs": peer.get("n_envs", 1)} if "policy_kwargs" in peer else {})}
 
 
 if __name__ == "__main__":
