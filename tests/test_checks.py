@@ -70,11 +70,14 @@ def test_normalization_is_refused_where_no_worker_gathers_its_statistics(config,
                          cfg.rollout.inference)
 
 
-def test_normalizing_observations_that_are_not_a_box_is_one_line_naming_the_key():
+@pytest.mark.parametrize("env_id, space", [("Blackjack-v1", "Tuple"), ("Taxi-v4", r"Discrete\(500\)")])
+def test_normalizing_observations_that_are_not_a_float_box_is_one_line_naming_the_key(env_id, space):
+    """Taxi's one-hot code was normalized as if it were a float vector, changing nothing useful."""
     from distrl.checks import validate
 
-    with pytest.raises(ConfigError, match=r"^config key 'env.normalize': env.normalize.obs needs a Box"):
-        validate(load_config(None, ["algo=ppo", "mode=single", "env.id=Blackjack-v1", "env.normalize.obs=true"]))
+    with pytest.raises(ConfigError, match=rf"^config key 'env.normalize': env.normalize.obs normalizes float Box "
+                                          rf"observations, the env has {space}"):
+        validate(load_config(None, ["algo=ppo", "mode=single", f"env.id={env_id}", "env.normalize.obs=true"]))
 
 
 @pytest.mark.parametrize("overrides, message", [

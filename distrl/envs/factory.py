@@ -193,7 +193,16 @@ def make_env(env_id: str, kwargs: dict[str, Any] | None = None, *, wrappers: lis
         check_atari(env, env_id)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return normalized(_flat_observations(apply_wrappers(env, chain + specs, training)), normalization, training)
+        env = apply_wrappers(env, chain + specs, training)
+        if normalization is not None and normalization.cfg.obs and not _float_box(env.observation_space):
+            # one-hot codes and pixels have no running mean and scale to learn: it would change nothing useful
+            raise TypeError(f"env.normalize.obs normalizes float Box observations, the env has {env.observation_space} "
+                            f"(use env.normalize.obs: false)")
+        return normalized(_flat_observations(env), normalization, training)
+
+
+def _float_box(space) -> bool:
+    return isinstance(space, spaces.Box) and np.issubdtype(space.dtype, np.floating)
 
 
 def _spec(env: gym.Env) -> EnvSpec:
