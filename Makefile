@@ -35,7 +35,18 @@ $(VENV)/.docs-installed: $(VENV)/.installed pyproject.toml
 	$(BIN)/uv pip install -q --python $(BIN)/python -e '.[docs]'
 	touch $@
 
-docs: $(VENV)/.docs-installed
+# mermaid.js for the site's charts, from the npm registry (docsgen/mermaid.py ships it in site/): without it,
+# Material fetches mermaid from a CDN when a page is viewed, and offline the charts show as text. Material 9
+# uses mermaid 11. The file follows the Makefile, so a new MERMAID is fetched at the next build; tar's -m
+# dates it now (the package's files are dated 1985, older than any Makefile).
+MERMAID := 11.17.2
+MERMAID_JS := $(VENV)/share/mermaid/mermaid.min.js
+$(MERMAID_JS): $(BIN)/activate Makefile
+	mkdir -p $(@D)
+	cd $(@D) && npm pack -q mermaid@$(MERMAID) >/dev/null && tar -xzmf mermaid-$(MERMAID).tgz package/dist/mermaid.min.js \
+		&& mv package/dist/mermaid.min.js mermaid.min.js && rm -r package mermaid-$(MERMAID).tgz
+
+docs: $(VENV)/.docs-installed $(MERMAID_JS)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 bench: setup
