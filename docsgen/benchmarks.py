@@ -67,16 +67,17 @@ def headline_rows() -> list[tuple[str, str, str, str]]:
          f"{_sb3_times(load('sb3_cartpole_same.json')['summary'])}",
          "solve_ppo_cartpole_vs_53bd0a7, sb3_cartpole, sb3_cartpole_same"),
         ("Ape-X DQN reaches 10 on MinAtar Breakout", _solved(apex_minatar),
-         f"Stable-Baselines3 DQN: {sb3_dqn['sb3']['solved']}/{sb3_dqn['sb3']['runs']} seeds within "
+         f"Stable-Baselines3 DQN, MinAtar's DQN settings: {sb3_dqn['sb3']['solved']}/{sb3_dqn['sb3']['runs']} seeds within "
          f"{_s(load('sb3_minatar.json')['budget_s'])}, ≥ {sb3_dqn['ratio_unsolved_as_budget']:.2f}× distrl's time",
          "solve_apex_dqn_minatar_breakout, sb3_minatar"),
         ("PPO reaches 10 on MinAtar Breakout", _solved(ppo_minatar), "", "solve_ppo_minatar_breakout"),
         ("Atari Breakout PPO training, agent steps/s", f"{atari['best_agent_steps_per_s']['distrl']:.0f}",
-         f"Sample Factory: {atari['best_agent_steps_per_s']['sample-factory']:.0f} (distrl "
+         f"Sample Factory, its Atari settings on both sides: {atari['best_agent_steps_per_s']['sample-factory']:.0f} (distrl "
          f"{atari['ratio_distrl_over_sample_factory']:.2f}×)", "atari_peer"),
         ("CQL on a mixed CartPole dataset (475)", _solved(cql),
-         f"d3rlpy CQL: {_solved(d3_cql)} (unsolved counted as the budget)", "offline"),
-        ("BC on an expert CartPole dataset (475)", _solved(bc), f"d3rlpy BC: {_solved(d3_bc)}", "offline"),
+         f"d3rlpy CQL, the same networks, batches and learning rates: {_solved(d3_cql)} (unsolved counted as the "
+         f"budget)", "offline"),
+        ("BC on an expert CartPole dataset (475)", _solved(bc), f"d3rlpy BC, the same settings: {_solved(d3_bc)}", "offline"),
         ("R2D2 solves CartPole without velocities", _solved(r2d2), "", "solve_r2d2_position_only_cartpole_vs_53bd0a7"),
         ("DHC: 4 agents on an 8×8 map, ≥ 90% success", _solved(dhc), "", "solve_dhc_mapf_8x8_vs_53bd0a7"),
         ("SAC reaches 200 on LunarLanderContinuous", _solved(sac) + f" of a {_s(sac['budget_s'])} budget", "",
