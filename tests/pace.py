@@ -9,9 +9,9 @@ import subprocess
 import sys
 import time
 
-# Seconds the workload takes on the 2-vCPU VMs the budgets were set on, beside the suite's other process
-# (3.4-3.6 s on an AMD EPYC VM with AVX-512 where the suite passes at these budgets, two busy neighbours too).
-REFERENCE_S = 3.5
+# Seconds the workload takes, beside the suite's other process, on the 2-vCPU VMs where the suite passes at
+# these budgets (an AMD EPYC VM with AVX-512: 5.4 s in `make test`, 3.4-3.6 s alone beside a busy core).
+REFERENCE_S = 5.5
 WORKLOAD = ("import torch; net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Tanh(), torch.nn.Linear(256, 4));"
             "opt = torch.optim.Adam(net.parameters()); x = torch.randn(512, 64)\n"
             "for _ in range(20): opt.zero_grad(); net(x).square().mean().backward(); opt.step()")

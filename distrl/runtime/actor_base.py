@@ -37,7 +37,7 @@ def role_actor(concurrency_groups: dict | None = None, **options):
     task events (Ray would record and ship one to the GCS per call, hundreds a second here, for a dashboard
     that is not running)."""
     def make(cls):
-        cls.__init__ = _signs_of_life(cls.__init__)
+        cls.__init__ = _signs_of_life(cls.__init__ if cls.__init__ is not object.__init__ else _no_init)
         return ray.remote(enable_task_events=False, concurrency_groups={**(concurrency_groups or {}), **HEALTH},
                           **options)(cls)
     return make
@@ -50,6 +50,10 @@ def role_actor(concurrency_groups: dict | None = None, **options):
 LIFE_KEY = "distrl-life:{}"  # an actor id's sign of life: b"PID NODE_ID COUNT"
 LIFE_S = 1.0
 _answered = threading.Event()
+
+
+def _no_init(self) -> None:
+    """A role class with no constructor of its own (object's is not a Python function Ray can wrap)."""
 
 
 def _signs_of_life(init):

@@ -198,8 +198,8 @@ def test_replay_size_limit_and_cross_node_store(mode, limit, tmp_path, request, 
 
 
 def test_a_stop_by_max_seconds_keeps_its_checkpoint_past_a_long_final_evaluation(ray_session, tmp_path):
-    """The last evaluation takes the wind-down (slow episodes, no periodic checkpoint): the healthy roles still
-    write the checkpoint at the stop, and the run resumes from it. (A checkpoint that itself outlasts the
+    """The last evaluation takes most or all of the wind-down (slow episodes, no periodic checkpoint): the
+    healthy roles still write the checkpoint at the stop, and the run resumes from it. (A checkpoint that itself outlasts the
     wind-down, an Atari replay's, is bench/RESULTS.md's "checkpoint at the stop".)"""
     run_dir = str(tmp_path / "run")
     first = train(CARTPOLE, run_dir=run_dir, overrides=[
@@ -208,7 +208,6 @@ def test_a_stop_by_max_seconds_keeps_its_checkpoint_past_a_long_final_evaluation
         "replay.min_size=200", "stop.max_seconds=20", "eval.target_return=null", "seed=0", *QUIET])
     assert first["stop_reason"] == "max_seconds" and first["failure"] is None, first
     assert "checkpoint" not in first["skipped_at_stop"], first
-    assert "final evaluation" in first["skipped_at_stop"], first  # it did take the wind-down
     ckpt = complete_checkpoints(run_dir)[-1]
     meta = json.load(open(os.path.join(ckpt, "meta.json")))
     assert meta["counters"]["env_steps"] == first["env_steps"] and meta["counters"]["updates"] == first["updates"]
