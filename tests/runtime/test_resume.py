@@ -205,13 +205,14 @@ def test_a_stop_by_max_seconds_keeps_its_checkpoint_past_a_long_final_evaluation
     first = train(CARTPOLE, run_dir=run_dir, overrides=[
         "mode=async", "workers=1", "env.num_envs=8", "env.id=distrl.envs.testing:WaitingCartPole-v1",
         "env.kwargs={step_s: 0.03}", "eval.episodes=40", "eval.interval_s=600", "checkpoint.interval_s=600",
-        "replay.min_size=200", "stop.max_seconds=20", "eval.target_return=null", "seed=0", *QUIET])
+        "replay.min_size=200", "stop.max_seconds=15", "eval.target_return=null", "seed=0", *QUIET])
     assert first["stop_reason"] == "max_seconds" and first["failure"] is None, first
     assert "checkpoint" not in first["skipped_at_stop"], first
     ckpt = complete_checkpoints(run_dir)[-1]
     meta = json.load(open(os.path.join(ckpt, "meta.json")))
     assert meta["counters"]["env_steps"] == first["env_steps"] and meta["counters"]["updates"] == first["updates"]
-    second = resume(run_dir, overrides=[f"stop.max_env_steps={first['env_steps'] + 400}", "stop.max_seconds=300"])
+    second = resume(run_dir, overrides=[f"stop.max_env_steps={first['env_steps'] + 400}", "stop.max_seconds=300",
+                                        "eval.episodes=2"])  # a quick last evaluation
     log = json.loads(open(os.path.join(run_dir, "resumes.jsonl")).read().splitlines()[-1])
     assert (log["checkpoint"], log["env_steps"]) == (ckpt, first["env_steps"])
     assert second["env_steps"] >= first["env_steps"] + 400, second
