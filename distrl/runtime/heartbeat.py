@@ -32,8 +32,8 @@ from distrl.runtime.faultlog import SILENT_S
 from distrl.runtime.ray_setup import ACTOR_GONE
 
 LOOK_S = 0.25  # how often the thread looks
-RETRY_S = 0.2
-LIFE_READ_S = 0.5  # how often a starting process's sign of life is read  # a heartbeat that failed (the process is down, or coming back) is sent again this soon
+RETRY_S = 0.2  # a heartbeat that failed (the process is down, or coming back) is sent again this soon
+LIFE_READ_S = 0.5  # how often a starting process's sign of life is read
 
 
 class Heartbeats:
