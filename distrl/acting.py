@@ -7,6 +7,8 @@ import abc
 
 import numpy as np
 
+from distrl import tree
+
 
 class EnvStates:
     """Each env's recurrent state for a policy's `forward`: zeros at an episode start."""
@@ -27,18 +29,17 @@ class EnvStates:
             self.state[done] = self.policy.initial_state(int(done.sum()))
 
 
-Observation = np.ndarray | dict[str, np.ndarray]
-"""A batch of observations: an array, or named arrays with one leading row axis (multi-agent envs)."""
+Observation = tree.Tree
+"""A batch of observations: a tree of arrays with one leading row axis (`distrl.tree`; a multi-agent env's
+named arrays too)."""
 
 
 def rows_of(obs: Observation) -> int:
-    return len(next(iter(obs.values()))) if isinstance(obs, dict) else len(obs)
+    return tree.rows(obs)
 
 
 def concat_rows(parts: list[Observation]) -> Observation:
-    if isinstance(parts[0], dict):
-        return {k: np.concatenate([np.asarray(p[k]) for p in parts]) for k in parts[0]}
-    return np.concatenate([np.asarray(p) for p in parts])
+    return tree.concatenate([tree.as_arrays(p) for p in parts])
 
 
 def batched_forward(policy, requests: list[tuple[EnvStates, Observation]]) -> list[dict[str, np.ndarray]]:

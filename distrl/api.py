@@ -191,7 +191,8 @@ def evaluate(run_dir: str, episodes: int = 20, seed: int = 12345, video: str | N
     else:
         returns, infos = play_greedy(policy, cfg.env.id, episodes, seed, cfg.env.kwargs, multi_agent=multi_agent,
                                      wrappers=cfg.env.wrappers, preset=cfg.env.preset, epsilon=cfg.eval.epsilon,
-                                     normalize=cfg.env.normalize)
+                                     normalize=cfg.env.normalize, obs_keys=cfg.env.obs_keys,
+                                     action_mask=cfg.env.action_mask)
     return {"env": cfg.env.id, "returns": returns.tolist(), "mean": float(np.mean(returns)), "frames": frames,
             "std": float(np.std(returns)), "version": meta.get("version"), "metrics": episode_metrics(infos)}
 

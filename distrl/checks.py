@@ -34,7 +34,8 @@ def validate(cfg: Config, address: str | None = None, resuming: bool = False) ->
     algo = algorithm(cfg.algo)
     try:
         spec = _check_multiagent_env(cfg.env) if algo.multi_agent else check_env(
-            cfg.env.id, cfg.env.kwargs, wrappers=cfg.env.wrappers, preset=cfg.env.preset, normalize=cfg.env.normalize)
+            cfg.env.id, cfg.env.kwargs, wrappers=cfg.env.wrappers, preset=cfg.env.preset, normalize=cfg.env.normalize,
+            obs_keys=cfg.env.obs_keys, action_mask=cfg.env.action_mask)
     except EnvError as e:
         raise ConfigError(str(e)) from None
     spec = _check_external(cfg.external, cfg.env, algo, spec)

@@ -1,5 +1,9 @@
 """How a policy picks actions from its network's outputs, in numpy: epsilon-greedy on Q-values, a
-categorical on logits, a Gaussian, a tanh-squashed Gaussian.
+categorical on logits, a factored categorical (one categorical per factor of a MultiDiscrete or MultiBinary
+action), a Gaussian, a tanh-squashed Gaussian.
+
+Logits a network set very low (-1e9: an action masked out) give that action probability exactly zero: it is
+never sampled, and log-probs stay finite.
 
 The network runs elsewhere (torch, its numpy program, or an exported ONNX file); what is here turns its
 outputs into actions with the actor's own RNG. Rollout workers and the evaluator act through these
@@ -39,6 +43,30 @@ class BoxScaler:
                 "dtype": self.dtype.name}
 
 
+class Factors:
+    """A MultiDiscrete or MultiBinary action space as factors: each one's number of choices (`nvec`) and first
+    value (`start`), flat in C order, and the env's action shape and dtype (a MultiBinary is 2 choices from 0
+    per element)."""
+
+    def __init__(self, nvec, start, shape, dtype):
+        self.nvec = np.asarray(nvec, np.int64).reshape(-1)
+        self.start = np.broadcast_to(np.asarray(start, np.int64).reshape(-1), self.nvec.shape).copy()
+        self.shape, self.dtype = tuple(int(n) for n in shape), np.dtype(dtype)
+        if not len(self.nvec) or (self.nvec < 1).any() or int(np.prod(self.shape)) != len(self.nvec):
+            raise ValueError(f"factors need nvec >= 1, one per element of shape {self.shape}, got {self.nvec.tolist()}")
+        if self.dtype.kind not in "iu":
+            raise ValueError(f"factored actions are integers, not {self.dtype.name}")
+        self.index = factor_index(self.nvec)
+
+    def to_env(self, choices: np.ndarray) -> np.ndarray:
+        """(B, F) choices from 0 -> (B, *shape) env actions in the env's dtype."""
+        return (choices + self.start).astype(self.dtype, copy=False).reshape(len(choices), *self.shape)
+
+    def to_wire(self) -> dict:
+        return {"nvec": self.nvec.tolist(), "start": self.start.tolist(), "shape": list(self.shape),
+                "dtype": self.dtype.name}
+
+
 class Bounds:
     """A Box's bounds as plain data (what `BoxScaler.to_wire` wrote)."""
 
@@ -57,16 +85,57 @@ def epsilon_greedy(q: np.ndarray, epsilon: float, rng: np.random.Generator | Non
     return np.where(random, rng.integers(0, q.shape[-1], shape), actions)
 
 
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    """Log-probabilities over the last axis of `x`."""
+    shifted = x - x.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def choose(logp_all: np.ndarray, rng: np.random.Generator | None) -> np.ndarray:
+    """An index over the last axis of `logp_all` per row: the argmax (no RNG), or sampled by inverse CDF with
+    one uniform per row. A choice of probability zero is never sampled."""
+    if rng is None:
+        return logp_all.argmax(axis=-1)
+    p = np.exp(logp_all)
+    cdf = p.cumsum(axis=-1)
+    u = rng.random((*cdf.shape[:-1], 1)) * cdf[..., -1:]
+    a = (cdf <= u).sum(axis=-1)  # <=: a zero-probability choice's empty interval [cdf, cdf) holds no u
+    # u * total rounded up to the total would pick past the last choice of positive probability.
+    last = p.shape[-1] - 1 - (p[..., ::-1] > 0).argmax(axis=-1)
+    return np.minimum(a, last)
+
+
 def categorical_act(logits: np.ndarray, rng: np.random.Generator | None) -> tuple[np.ndarray, np.ndarray]:
     """Sampled (rng given) or greedy actions and their log-probs."""
-    shifted = logits - logits.max(axis=1, keepdims=True)
-    logp_all = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
-    if rng is None:
-        a = logp_all.argmax(axis=1)
-    else:  # inverse CDF: one uniform per row
-        cdf = np.exp(logp_all).cumsum(axis=1)
-        a = np.minimum((cdf < rng.random((len(cdf), 1)) * cdf[:, -1:]).sum(axis=1), cdf.shape[1] - 1)
+    logp_all = log_softmax(logits)
+    a = choose(logp_all, rng)
     return a, logp_all[np.arange(len(a)), a].astype(np.float32)
+
+
+def factor_index(nvec) -> np.ndarray:
+    """(F, K) indices, K = max(nvec), into a row of sum(nvec) logits (factor after factor) followed by one
+    padding logit: row f lists factor f's logits, then the padding index where it has fewer than K choices."""
+    nvec = np.asarray(nvec, np.int64).reshape(-1)
+    offsets = np.cumsum(nvec) - nvec
+    j = np.arange(int(nvec.max()))
+    return np.where(j < nvec[:, None], offsets[:, None] + j, int(nvec.sum()))
+
+
+def factored_logp_all(logits: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """(B, F, K) per-factor log-probabilities from (B, sum(nvec)) logits (`index`: `factor_index(nvec)`);
+    -inf for the padding past a factor's choices."""
+    pad = np.full((len(logits), 1), -np.inf, logits.dtype)
+    return log_softmax(np.concatenate([logits, pad], axis=1)[:, index])
+
+
+def factored_act(logits: np.ndarray, index: np.ndarray, rng: np.random.Generator | None
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Per factor a sample (rng given: one uniform per factor) or the argmax, as (B, F) choices counted from 0,
+    and the log-probs of the whole actions (the sum over factors)."""
+    logp_all = factored_logp_all(logits, index)
+    a = choose(logp_all, rng)
+    logp = np.take_along_axis(logp_all, a[..., None], axis=-1)[..., 0].sum(axis=-1)
+    return a, logp.astype(np.float32)
 
 
 def gaussian_act(mean: np.ndarray, log_std: np.ndarray, rng: np.random.Generator | None
@@ -119,6 +188,24 @@ class Categorical(ActingRule):
         return a, {"logp": logp, **({"value": outputs["value"]} if "value" in outputs else {})}
 
 
+class FactoredCategorical(ActingRule):
+    """Logits ("out": sum(nvec), factor after factor) -> per factor a sample (exploring) or the argmax, as the
+    env's action; extras: logp (of the whole action: the sum over factors) and, where the network has one,
+    the value."""
+
+    kind = "factored_categorical"
+
+    def __init__(self, factors: Factors):
+        self.factors = factors
+
+    def act(self, outputs, rng, explore):
+        a, logp = factored_act(outputs["out"], self.factors.index, rng if explore else None)
+        return self.factors.to_env(a), {"logp": logp, **({"value": outputs["value"]} if "value" in outputs else {})}
+
+    def to_wire(self):
+        return {"kind": self.kind, "factors": self.factors.to_wire()}
+
+
 class Gaussian(ActingRule):
     """A diagonal Gaussian (mean "out", "log_std") in [-1, 1]^d, mapped onto the Box; the mean when
     greedy. Extras: logp, the value where the network has one, and the unmapped sample (raw_action)."""
@@ -167,6 +254,8 @@ def rule_from_wire(d: dict[str, Any]) -> ActingRule:
             return EpsilonGreedy(float(d["epsilon"]))
         if kind == "categorical":
             return Categorical()
+        if kind == "factored_categorical":
+            return FactoredCategorical(Factors(**d["factors"]))
         box = BoxScaler(Bounds(**d["box"])) if kind in ("gaussian", "squashed_gaussian") else None
         if kind == "gaussian":
             return Gaussian(box)

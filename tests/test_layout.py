@@ -14,7 +14,7 @@ PACKAGE = os.path.join(ROOT, "distrl")
 # cli -> api -> runtime -> roles -> (algos, models, replay, envs, checkpoint, observe, data) -> core layer (with
 # distrl.client, a simulator's side, and distrl.sampling, the acting rules it shares with the policies).
 LAYERS = [
-    {"distrl.core", "distrl.acting", "distrl.config", "distrl.registry", "distrl.threads", "distrl.version",
+    {"distrl.core", "distrl.tree", "distrl.acting", "distrl.config", "distrl.registry", "distrl.threads", "distrl.version",
      "distrl.sampling", "distrl.client"},
     {"distrl.algos", "distrl.models", "distrl.replay", "distrl.envs", "distrl.checkpoint", "distrl.observe", "distrl.data"},
     {"distrl.roles"},
@@ -47,7 +47,10 @@ def imports_of(path: str) -> set[str]:
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            # `from distrl import tree` depends on the module distrl.tree (the package's __init__ runs before
+            # any of its modules alike), `from distrl.core import Batch` on the module distrl.core
+            subs = [f"{node.module}.{a.name}" for a in node.names]
+            names = subs if all(s in MODULES for s in subs) else [node.module] + subs
         for name in names:
             if name.startswith("distrl") and name in MODULES:
                 found.add(name)

@@ -1,6 +1,11 @@
 """What A2C, A3C, PPO and IMPALA share: their config keys, the network, action distributions, a
 learner base and an algorithm base (the acting policy is in `distrl.algos.actor_critic_acting`).
 
+MultiDiscrete and MultiBinary actions: a factored categorical, one categorical per factor (a MultiBinary's
+elements are factors of 2 choices) from sum(nvec) logits; log-probs and entropies are sums over the factors,
+so the joint log-prob is what ratios and V-trace take. Actions are stored as the env took them (its shape and
+dtype, each factor from its `start`).
+
 Box actions: the Gaussian lives in a normalised space where [-1, 1]^d maps
 linearly onto the env's bounds, with a state-independent learned log-std (so one
 initial std suits any action scale). The env gets the sample mapped to its units
@@ -19,12 +24,15 @@ from gymnasium import spaces
 from torch import nn
 from torch.nn import functional as F
 
+from distrl import tree
 from distrl.algos.common import HALF_LOG_2PI, NetworkAlgorithm, adam, as_tensors, guarded_step, load_optimizer_state
 from distrl.algos.sharding import ShardedLearner, Step
 from distrl.config.fields import f
 from distrl.config.sections import ModelConfig
 from distrl.core import Batch, Learner
 from distrl.models import make_torso
+from distrl.models.masking import apply_mask
+from distrl.sampling import Factors
 
 
 @dataclass
@@ -47,6 +55,11 @@ class GAEConfig(ActorCriticConfig):
 
 
 # --- action distributions ---------------------------------------------------------
+def _entropy(logp_all: torch.Tensor) -> torch.Tensor:
+    """-sum p log p over the last axis, 0 for a choice of probability 0 even at log p = -inf (not 0 * -inf)."""
+    return -(logp_all.exp() * logp_all.clamp_min(torch.finfo(logp_all.dtype).min)).sum(-1)
+
+
 class Categorical:
     def __init__(self, logits: torch.Tensor):
         self.logp_all = F.log_softmax(logits, dim=-1)
@@ -55,7 +68,26 @@ class Categorical:
         return self.logp_all.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
 
     def entropy(self) -> torch.Tensor:
-        return -(self.logp_all.exp() * self.logp_all).sum(-1)
+        return _entropy(self.logp_all)
+
+
+class FactoredCategorical:
+    """One categorical per factor, from logits laid out factor after factor (`index`: `factor_index(nvec)`,
+    `start`: each factor's first value); log-prob and entropy are sums over the factors. `logp_all`:
+    (..., F, K), -inf past a factor's choices."""
+
+    def __init__(self, logits: torch.Tensor, index: torch.Tensor, start: torch.Tensor):
+        pad = logits.new_full((*logits.shape[:-1], 1), float("-inf"))
+        self.logp_all = F.log_softmax(torch.cat([logits, pad], -1)[..., index], dim=-1)
+        self.start = start
+
+    def log_prob(self, actions: torch.Tensor) -> torch.Tensor:
+        """Of env actions (..., *shape): flattened to (..., F) choices."""
+        choices = actions.reshape(*self.logp_all.shape[:-1]).long() - self.start
+        return self.logp_all.gather(-1, choices.unsqueeze(-1)).squeeze(-1).sum(-1)
+
+    def entropy(self) -> torch.Tensor:
+        return _entropy(self.logp_all).sum(-1)
 
 
 
@@ -74,27 +106,36 @@ class DiagGaussian:
 
 # --- network ----------------------------------------------------------------------
 class ActorCriticNet(nn.Module):
-    """obs -> (action distribution, V(obs)); separate torsos, or one shared by both heads."""
+    """obs -> (action distribution, V(obs)); separate torsos, or one shared by both heads. `factors`: a
+    MultiDiscrete or MultiBinary action's (`out_dim` is then sum(nvec))."""
 
-    def __init__(self, pi_torso: nn.Module, v_torso: nn.Module | None, out_dim: int, box: bool):
+    def __init__(self, pi_torso: nn.Module, v_torso: nn.Module | None, out_dim: int, box: bool,
+                 factors: Factors | None = None):
         super().__init__()
         self.pi_torso, self.v_torso = pi_torso, v_torso
         self.pi_head = nn.Linear(pi_torso.out_features, out_dim)
         self.v_head = nn.Linear((v_torso or pi_torso).out_features, 1)
-        # A small policy head starts near-uniform (Discrete) or near-zero mean (Box).
+        # A small policy head starts near-uniform (categoricals) or near-zero mean (Box).
         with torch.no_grad():
             self.pi_head.weight.mul_(0.01)
             self.pi_head.bias.zero_()
         self.log_std = nn.Parameter(torch.zeros(out_dim)) if box else None
+        self.factored = factors is not None
+        if factors is not None:  # not persistent: no part of the weights, only of the net's shape
+            self.register_buffer("factor_index", torch.as_tensor(factors.index), persistent=False)
+            self.register_buffer("factor_start", torch.as_tensor(factors.start), persistent=False)
 
     def _dist(self, out: torch.Tensor):
+        if self.factored:
+            return FactoredCategorical(out, self.factor_index, self.factor_start)
         return Categorical(out) if self.log_std is None else DiagGaussian(out, self.log_std)
 
     def heads(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(policy head output: logits or Gaussian mean, V(obs))."""
+        """(policy head output: logits, masked where the observation has an action mask, or Gaussian mean,
+        V(obs))."""
         h = self.pi_torso(obs)
         hv = h if self.v_torso is None else self.v_torso(obs)
-        return self.pi_head(h), self.v_head(hv).squeeze(-1)
+        return apply_mask(self.pi_head(h), tree.mask_of(obs)), self.v_head(hv).squeeze(-1)
 
     def forward(self, obs: torch.Tensor):
         out, value = self.heads(obs)
@@ -121,9 +162,8 @@ class ActorCriticNet(nn.Module):
 def time_major(batch: Batch, device: str) -> dict[str, torch.Tensor]:
     """Tensors with obs/next_obs/actions flattened to (T*B, ...); the rest stay (T, B)."""
     t = as_tensors(batch, device)
-    T, B = t["rewards"].shape
     for k in ("obs", "next_obs", "actions"):
-        t[k] = t[k].reshape(T * B, *t[k].shape[2:])
+        t[k] = tree.flatten_lead(t[k], 2)
     return t
 
 
@@ -205,18 +245,30 @@ class ActorCriticLearner(ShardedLearner, Learner):
         self.optimizer_steps = int(state.get("optimizer_steps", 0))
 
 
+def action_factors(space) -> Factors | None:
+    """A MultiDiscrete or MultiBinary space's factors; None for any other space."""
+    if isinstance(space, spaces.MultiBinary):
+        return Factors(np.full(int(np.prod(space.shape)), 2), 0, space.shape, space.dtype)
+    if isinstance(space, spaces.MultiDiscrete):
+        return Factors(space.nvec, space.start, space.shape, space.dtype)
+    return None
+
+
 class ActorCriticAlgorithm(NetworkAlgorithm):
-    """An actor-critic's declaration: Discrete or Box actions, tanh MLP torsos by default."""
+    """An actor-critic's declaration: Discrete, Box, MultiDiscrete or MultiBinary actions, tanh MLP torsos by
+    default."""
 
     learner_cls: type[ActorCriticLearner] = ActorCriticLearner
     model_config = ModelConfig
     model_defaults = {"hidden": [64, 64], "activation": "tanh"}
-    actions = ("discrete", "box")
+    actions = ("discrete", "box", "multi_discrete", "multi_binary")
+    structured_obs = True
     data_path = "trajectory"
 
     def build_network(self) -> ActorCriticNet:
         act, obs = self.spec.action_space, self.spec.observation_space
-        box = isinstance(act, spaces.Box)
+        box, factors = isinstance(act, spaces.Box), action_factors(act)
+        out_dim = int(np.prod(act.shape)) if box else int(factors.nvec.sum()) if factors else int(act.n)
         pi_torso = make_torso(obs, self.model, self.image_torso)
         v_torso = None if self.cfg.shared_torso else make_torso(obs, self.model, self.image_torso)
-        return ActorCriticNet(pi_torso, v_torso, int(np.prod(act.shape)) if box else int(act.n), box)
+        return ActorCriticNet(pi_torso, v_torso, out_dim, box, factors)

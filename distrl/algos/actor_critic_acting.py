@@ -9,9 +9,11 @@ from __future__ import annotations
 import numpy as np
 from gymnasium import spaces
 
+from distrl.algos.actor_critic import action_factors
 from distrl.algos.common import BoxScaler, NetworkPolicy, stored_obs
 from distrl.core import Batch, Trajectory
-from distrl.sampling import Categorical, Gaussian, categorical_act, gaussian_act  # noqa: F401 - tests' names
+from distrl.sampling import (Categorical, FactoredCategorical, Gaussian, categorical_act,  # noqa: F401 - tests' names
+                             factored_act, gaussian_act)
 
 
 class ActorCriticPolicy(NetworkPolicy):
@@ -20,6 +22,7 @@ class ActorCriticPolicy(NetworkPolicy):
     def __init__(self, algo, worker_index: int, num_workers: int, seed: int):
         super().__init__(algo, worker_index, num_workers, seed)
         self.box = BoxScaler(algo.spec.action_space) if isinstance(algo.spec.action_space, spaces.Box) else None
+        self.factors = action_factors(algo.spec.action_space)  # MultiDiscrete, MultiBinary: else None
         self.rule = self.acting_rule()
 
     acting_method = "act_outputs"
@@ -31,6 +34,8 @@ class ActorCriticPolicy(NetworkPolicy):
         return ("out", "value") if self.box is None else ("out", "value", "log_std")
 
     def acting_rule(self):
+        if self.factors is not None:
+            return FactoredCategorical(self.factors)
         return Categorical() if self.box is None else Gaussian(self.box)
 
     def act(self, obs: np.ndarray, explore: bool):

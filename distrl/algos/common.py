@@ -6,6 +6,7 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
+from distrl import tree
 from distrl.core import Algorithm, Batch, Policy, Trajectory, Weights
 from distrl.envs.normalize import STATISTICS_PREFIX, network_weights
 from distrl.models import as_input, laid_out_as, load_numpy_weights
@@ -13,17 +14,47 @@ from distrl.models.numpy_run import Program, numpy_program
 from distrl.replay import nstep_transitions
 from distrl.sampling import HALF_LOG_2PI, BoxScaler  # noqa: F401 - the algorithms' names for them
 
-def spec_problem(name: str, spec, actions: tuple[str, ...], vector_only: bool = False) -> str | None:
-    """Why algorithm `name` can't run on `spec` (the action kinds it takes; a Box observation, flat if
-    `vector_only`), or None. Whether a torso fits the observation is the torso factory's to say."""
+# Action kinds an algorithm may declare (`Algorithm.actions`): (kind, space class, its name in messages).
+ACTION_KINDS = (("discrete", spaces.Discrete, "Discrete"), ("box", spaces.Box, "Box"),
+                ("multi_discrete", spaces.MultiDiscrete, "MultiDiscrete"),
+                ("multi_binary", spaces.MultiBinary, "MultiBinary"))
+
+
+def _listed(words: list[str], last: str) -> str:
+    """"a", "a or b", "a, b or c" (`last` the joining word)."""
+    return f" {last} ".join([", ".join(words[:-1]), words[-1]] if len(words) > 1 else words)
+
+
+def spec_problem(name: str, spec, actions: tuple[str, ...], vector_only: bool = False,
+                 structured: bool = False) -> str | None:
+    """Why algorithm `name` can't run on `spec` (the action kinds it takes, of `ACTION_KINDS`; a Box
+    observation, flat if `vector_only`, or with `structured` a Dict or Tuple one too), or None. Whether a
+    torso fits the observation is the torso factory's to say."""
     act, obs = spec.action_space, spec.observation_space
-    kinds = " or ".join(k for k, ok in (("Discrete", "discrete" in actions), ("Box", "box" in actions)) if ok)
-    if isinstance(act, spaces.Box) and "box" in actions:
+    kind = next((k for k, cls, _ in ACTION_KINDS if isinstance(act, cls)), None)
+    taken = _listed([label for k, _, label in ACTION_KINDS if k in actions], "or")
+    if kind in ("multi_discrete", "multi_binary") and kind not in actions:
+        from distrl.registry import ALGORITHMS, algorithm
+
+        takers = [n for n in ALGORITHMS if kind in algorithm(n).actions]
+        shown = " ".join(str(act).split())  # one line: a 2-d nvec prints on several
+        return f"{name} takes {taken} actions; {shown} actions are for {_listed(takers, 'and')}"
+    if kind == "box" and "box" in actions:
         low, high = np.asarray(act.low, np.float64), np.asarray(act.high, np.float64)
         if len(act.shape) != 1 or not (np.all(np.isfinite(low)) and np.all(np.isfinite(high)) and np.all(low < high)):
             return f"{name} needs a flat Box action space with finite low < high, the env has {act}"
-    elif not (isinstance(act, spaces.Discrete) and "discrete" in actions):
-        return f"{name} needs a {kinds} action space, the env has {act}"
+    elif kind not in actions:
+        return f"{name} needs a {taken} action space, the env has {act}"
+    if tree.is_structured(obs) and not structured:
+        from distrl.registry import ALGORITHMS, algorithm
+
+        takers = [n for n in ALGORITHMS if getattr(algorithm(n), "structured_obs", False)]
+        masked = isinstance(obs, spaces.Dict) and tree.MASK_KEY in obs.spaces
+        hint = " (env.action_mask: none trains without the env's action mask)" if masked else ""
+        return (f"{name} takes Box observations; structured ones (Dict, Tuple, an action mask) are for "
+                f"{_listed(takers, 'and')}, the env has {obs}{hint}")
+    if tree.is_structured(obs):
+        return None
     if not isinstance(obs, spaces.Box):
         return f"{name} needs a Box observation space, the env has {obs}"
     if vector_only and len(obs.shape) != 1:
@@ -31,11 +62,16 @@ def spec_problem(name: str, spec, actions: tuple[str, ...], vector_only: bool = 
     return None
 
 
-def stored_obs(obs: np.ndarray) -> np.ndarray:
+def stored_obs(obs: tree.Tree) -> tree.Tree:
     """Observations as replay and fragments keep them: floats as float32 (the network's precision),
-    anything else (uint8 frames, bools) in its own dtype, scaled only inside the network."""
-    obs = np.asarray(obs)
-    return obs.astype(np.float32, copy=False) if obs.dtype.kind == "f" else obs
+    anything else (uint8 frames, bools, a Discrete leaf's ints) in its own dtype, scaled only inside the
+    network; a structured observation leaf by leaf."""
+    return tree.map(_stored_leaf, obs)
+
+
+def _stored_leaf(x) -> np.ndarray:
+    x = np.asarray(x)
+    return x.astype(np.float32, copy=False) if x.dtype.kind == "f" else x
 
 
 def nstep_items(traj: Trajectory, gamma: float, n_step: int) -> tuple[Batch, np.ndarray]:
@@ -104,12 +140,10 @@ class NetworkPolicy(Policy):
 
 
 def _to_tensor(x, device: torch.device | None = None):
+    """A tree of arrays (a structured or multi-agent observation, or one array) as tensors."""
     if x is None:
         return None
-    if isinstance(x, dict):  # a multi-agent observation: named arrays
-        return {k: _to_tensor(v, device) for k, v in x.items()}
-    t = as_input(x)
-    return t if device is None else t.to(device, non_blocking=True)
+    return tree.map(lambda a: as_input(a) if device is None else as_input(a).to(device, non_blocking=True), x)
 
 
 def _to_numpy(out):
@@ -132,9 +166,11 @@ class NetworkAlgorithm(Algorithm):
     policy_cls: type
     vector_only = False
 
+    structured_obs = False  # takes Dict and Tuple observations (`distrl.tree`), action masks among them
+
     @classmethod
     def check_spec(cls, spec) -> str | None:
-        return spec_problem(cls.name, spec, cls.actions, cls.vector_only)
+        return spec_problem(cls.name, spec, cls.actions, cls.vector_only, cls.structured_obs)
 
     def make_learner(self, device: str):
         torch.manual_seed(self.seed)
@@ -209,5 +245,7 @@ def load_optimizer_state(opt: torch.optim.Optimizer, state: dict) -> None:
 
 
 def as_tensors(batch: dict[str, np.ndarray], device: str) -> dict[str, torch.Tensor]:
-    """Zero-copy on CPU; ignores private keys (leading underscore)."""
-    return {k: torch.as_tensor(v, device=device) for k, v in batch.items() if not k.startswith("_")}
+    """Zero-copy on CPU (a structured observation: a tree of tensors); ignores private keys (leading
+    underscore)."""
+    return {k: tree.map(lambda v: torch.as_tensor(v, device=device), v) for k, v in batch.items()
+            if not k.startswith("_")}

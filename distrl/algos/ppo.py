@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from distrl import tree
 from distrl.algos.actor_critic import (ActorCriticAlgorithm, ActorCriticLearner, GAEConfig, bootstrap_values,
                                        normalize, time_major)
 from distrl.algos.actor_critic_acting import ActorCriticPolicy
@@ -93,7 +94,7 @@ class PPOLearner(ActorCriticLearner):
         taken, steps = torch.zeros((), device=adv.device), 0
         for _ in range(c.epochs):
             for idx in torch.randperm(adv.numel(), device=adv.device).chunk(c.minibatches):
-                rows = {"obs": t["obs"][idx], "actions": t["actions"][idx], "old_logp": old_logp[idx],
+                rows = {"obs": tree.index(t["obs"], idx), "actions": t["actions"][idx], "old_logp": old_logp[idx],
                         "adv": adv[idx], "old_values": old_values[idx], "returns": returns[idx]}
                 (norm, bad), loss, terms, _ = self.sharded_step(rows, self.step)
                 row = torch.stack([loss.detach(), *terms.values(), norm])

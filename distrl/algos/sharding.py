@@ -14,6 +14,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from distrl import tree
 from distrl.models import laid_out_as, load_numpy_weights, to_numpy_weights
 from distrl.core import Weights
 
@@ -41,23 +42,23 @@ GradientFn = Callable[[Weights, list[Samples]], list[ShardGradient]]
 
 def split_rows(samples: Samples, k: int) -> list[Samples]:
     """`k` contiguous shards of nearly equal size (fewer when there are fewer rows than k)."""
-    n = len(next(iter(samples.values())))
+    n = tree.rows(next(iter(samples.values())))
     bounds = np.linspace(0, n, min(k, n) + 1).round().astype(int)
-    return [{key: v[a:b] for key, v in samples.items()} for a, b in zip(bounds[:-1], bounds[1:])]
+    return [{key: tree.index(v, slice(a, b)) for key, v in samples.items()} for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 def shard_gradient(learner: "ShardedLearner", weights: Weights, shard: Samples) -> ShardGradient:
     """The job of a gradient worker: the gradient of `learner.sample_loss` on `shard` at `weights`."""
     module = learner.trained_module()
     load_numpy_weights(module, weights)
-    t = {k: torch.as_tensor(v, device=learner.device) for k, v in shard.items()}
+    t = {k: tree.map(lambda x: torch.as_tensor(x, device=learner.device), v) for k, v in shard.items()}
     loss, terms, per_row = learner.sample_loss(t)
     module.zero_grad(set_to_none=True)
     loss.backward()
     grads = [(p.grad if p.grad is not None else torch.zeros_like(p)).detach().cpu().numpy().copy()
              for p in module.parameters()]
     module.zero_grad(set_to_none=True)
-    return ShardGradient(len(next(iter(shard.values()))), grads, float(loss.detach()),
+    return ShardGradient(tree.rows(next(iter(shard.values()))), grads, float(loss.detach()),
                          {k: float(v.detach()) for k, v in terms.items()},
                          {k: v.detach().cpu().numpy() for k, v in per_row.items()})
 
@@ -108,7 +109,8 @@ class ShardedLearner:
             return step(loss), loss.detach(), {k: v.detach() for k, v in terms.items()}, \
                 {k: v.detach() for k, v in per_row.items()}
         module = self.trained_module()
-        shards = split_rows({k: v.detach().cpu().numpy() for k, v in samples.items()}, self.num_shards)
+        shards = split_rows({k: tree.map(lambda x: x.detach().cpu().numpy(), v) for k, v in samples.items()},
+                            self.num_shards)
         grads, loss, terms, per_row = combine(self.gradient_fn(to_numpy_weights(module), shards))
         for p, g in zip(module.parameters(), grads):
             p.grad = laid_out_as(p, g)

@@ -41,6 +41,11 @@ class EnvConfig:
     preset: str = f("none", "standard preprocessing: none | atari (no-op starts, frame skip 4 with max-pool, 84x84 "
                     "grayscale, 4 frames stacked; rewards clipped to [-1, 1] and a lost life ending the episode for "
                     "training only; sticky actions stay the game's own)", choices=ENV_PRESETS)
+    obs_keys: list | None = f(None, "the keys of a Dict observation to keep, dropping the rest (e.g. [image, direction] "
+                              "drops MiniGrid's text mission); null: every key")
+    action_mask: str = f("auto", "where legal actions come from: obs (the Dict observation's action_mask key), info "
+                         "(info['action_mask']), auto (the first the env gives) or none; masked actions are never "
+                         "taken", choices=("auto", "info", "obs", "none"))
     normalize: NormalizeConfig = field(default_factory=NormalizeConfig, metadata={
         "doc": "observation and reward normalization shared by every worker (after every other wrapper)"})
 
@@ -278,6 +283,9 @@ class ModelConfig:
                              "own: minatar 128, nature 512, impala 256)", lo=1)
     channels: str = f("auto", "where an image observation keeps its channels: auto | first (C, H, W) | last "
                       "(H, W, C)", choices=("auto", "first", "last"))
+    encoders: dict = f({}, "a structured observation's encoder per leaf, by its key (e.g. {screen: nature}): one of the "
+                       "image torsos for an image leaf (auto: chosen as for a plain image), or flat (its entries, "
+                       "for any Box leaf)")
     kwargs: dict = f({}, "settings for your own torso factory (model.torso: module:Factory reads them)")
 
 

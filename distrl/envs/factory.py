@@ -6,7 +6,7 @@ registers it on import (`package.module:EnvName-v0`, gymnasium's convention), or
 (`popgym.envs.position_only_cartpole:PositionOnlyCartPoleEasy`). The env is then wrapped by the preset's
 wrappers (`env.preset`) and `env.wrappers`, the train-only ones only for training envs (a rollout
 worker's; not the evaluator's). Discrete and MultiDiscrete observations are one-hot encoded into a
-float32 Box, so every algorithm sees flat vectors.
+float32 Box; Dict and Tuple observations stay trees of arrays (`distrl.envs.structured`).
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from distrl.config.sections import ENV_PRESETS
 from distrl.core import EnvSpec
 from distrl.envs.errors import EnvError, one_line
 from distrl.envs.normalize import Normalization, normalization_for, normalized
+from distrl.envs.structured import structured
 from distrl.envs.wrappers import WrapperSpec, apply_wrappers, frame_stack_of, parse_wrappers
 
 __all__ = ["EnvError", "check_env", "env_spec", "import_module_of", "make_env"]
@@ -180,10 +181,11 @@ def _base_env(env_id: str, kwargs: dict | None) -> gym.Env:
 
 
 def make_env(env_id: str, kwargs: dict[str, Any] | None = None, *, wrappers: list | None = None,
-             preset: str = "none", training: bool = True, normalization: Normalization | None = None) -> gym.Env:
+             preset: str = "none", training: bool = True, normalization: Normalization | None = None,
+             obs_keys: list | None = None, action_mask: str = "none") -> gym.Env:
     """The env `env_id` built with `kwargs`, inside the preset's wrappers, then `wrappers` (the raw
-    `env.wrappers` list), then the `normalization` wrappers; `training=False` leaves out the train-only ones
-    (an evaluator's env)."""
+    `env.wrappers` list), then `env.obs_keys` and `env.action_mask` (`distrl.envs.structured`), then the
+    `normalization` wrappers; `training=False` leaves out the train-only ones (an evaluator's env)."""
     specs = parse_wrappers(wrappers)  # before building: a bad list costs no env
     base_kwargs, chain = _preset(preset, env_id, kwargs)
     env = _base_env(env_id, base_kwargs)
@@ -193,12 +195,13 @@ def make_env(env_id: str, kwargs: dict[str, Any] | None = None, *, wrappers: lis
         check_atari(env, env_id)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        env = apply_wrappers(env, chain + specs, training)
+        env = structured(_flat_observations(apply_wrappers(env, chain + specs, training)), env_id, obs_keys,
+                         action_mask)
         if normalization is not None and normalization.cfg.obs and not _float_box(env.observation_space):
             # one-hot codes and pixels have no running mean and scale to learn: it would change nothing useful
             raise TypeError(f"env.normalize.obs normalizes float Box observations, the env has {env.observation_space} "
                             f"(use env.normalize.obs: false)")
-        return normalized(_flat_observations(env), normalization, training)
+        return normalized(env, normalization, training)
 
 
 def _float_box(space) -> bool:
@@ -226,19 +229,21 @@ def _first_failing(env_id: str, kwargs: dict | None, wrappers: list | None, pres
 
 
 def check_env(env_id: str, kwargs: dict[str, Any] | None = None, *, wrappers: list | None = None,
-              preset: str = "none", normalize=None) -> EnvSpec:
+              preset: str = "none", normalize=None, obs_keys: list | None = None, action_mask: str = "none") -> EnvSpec:
     """Build the training env, reset it and take one step, and build the evaluation env: an env whose
     kwargs or wrappers fail only there, or whose train-only wrappers change its spaces, is caught before any
     worker starts. The training env's spec, or EnvError. `normalize`: the env.normalize section."""
     try:
         env = make_env(env_id, kwargs, wrappers=wrappers, preset=preset, training=True,
-                       normalization=normalization_for(normalize, True))
+                       normalization=normalization_for(normalize, True), obs_keys=obs_keys, action_mask=action_mask)
     except TypeError as e:  # the normalization wrappers' own refusal (an observation space they cannot take)
         raise EnvError(f"config key 'env.normalize': {one_line(e)}") from None
     try:
         env.reset(seed=0)
         env.step(env.action_space.sample())
         spec = _spec(env)
+    except EnvError:  # a mask or observation the env gives wrong: its own key and line
+        raise
     except Exception as e:  # noqa: BLE001 - whatever the env raises, its config made it
         key = _first_failing(env_id, kwargs, wrappers, preset) if wrappers or preset != "none" else "env.kwargs"
         what = f"{env_id} with {kwargs or {}}" if key == "env.kwargs" else f"{env_id} with this wrapper"
@@ -246,7 +251,7 @@ def check_env(env_id: str, kwargs: dict[str, Any] | None = None, *, wrappers: li
     finally:
         env.close()
     evaluation = make_env(env_id, kwargs, wrappers=wrappers, preset=preset, training=False,
-                          normalization=normalization_for(normalize, False))
+                          normalization=normalization_for(normalize, False), obs_keys=obs_keys, action_mask=action_mask)
     try:
         if (evaluation.observation_space, evaluation.action_space) != (spec.observation_space, spec.action_space):
             raise EnvError("config key 'env.wrappers': a train_only wrapper changes the observation or action "
@@ -258,10 +263,10 @@ def check_env(env_id: str, kwargs: dict[str, Any] | None = None, *, wrappers: li
 
 
 def env_spec(env_id: str, kwargs: dict[str, Any] | None = None, *, wrappers: list | None = None,
-             preset: str = "none", normalize=None) -> EnvSpec:
+             preset: str = "none", normalize=None, obs_keys: list | None = None, action_mask: str = "none") -> EnvSpec:
     """The training env's spec (spaces, and its frame stack), without stepping it."""
     env = make_env(env_id, kwargs, wrappers=wrappers, preset=preset, training=True,
-                   normalization=normalization_for(normalize, True))
+                   normalization=normalization_for(normalize, True), obs_keys=obs_keys, action_mask=action_mask)
     try:
         return _spec(env)
     finally:

@@ -39,6 +39,12 @@ class MultiAgentVectorEnv:
         fields = [_fields(s) for s in steps]
         return {k: np.stack([f[k] for f in fields]) for k in fields[0]}
 
+    @staticmethod
+    def fields(obs: dict, prefix: str) -> dict:
+        """A step's observations as the per-step fields a fragment stores: each of `obs`'s (obs,
+        comm_mask, active)."""
+        return {prefix + k: v for k, v in obs.items()}
+
     def rng_states(self) -> list[dict]:
         """Not captured: a multi-agent env's internals are its own; a restored worker's envs reseed
         from their RNGs as they are (so a resumed run is not bit-identical, only continuous)."""

@@ -41,6 +41,11 @@ class ActingNetwork(nn.Module):
             mean, scale, self.clip = normalize
             self.register_buffer("obs_mean", torch.as_tensor(np.asarray(mean, np.float64)))
             self.register_buffer("obs_scale", torch.as_tensor(np.asarray(scale, np.float64)))
+        factors = getattr(rule, "factors", None)
+        if factors is not None:  # a MultiDiscrete or MultiBinary action: each factor's argmax
+            self.register_buffer("factor_index", torch.as_tensor(factors.index), persistent=False)
+            self.register_buffer("factor_start", torch.as_tensor(factors.start), persistent=False)
+            self.factor_shape, self.factor_dtype = tuple(factors.shape), _torch_dtype(factors.dtype)
         box = getattr(rule, "box", None)
         if box is not None:  # the Box mapping in float64, as BoxScaler computes it
             self.register_buffer("low", torch.as_tensor(box.low, dtype=torch.float64))
@@ -65,6 +70,11 @@ class ActingNetwork(nn.Module):
             return named["q"].argmax(dim=-1)
         if self.kind == "categorical":
             return named["out"].argmax(dim=-1)
+        if self.kind == "factored_categorical":  # the logits laid out per factor, padded as distrl.sampling does
+            out = named["out"]
+            padded = torch.cat([out, torch.full_like(out[:, :1], float("-inf"))], 1)[:, self.factor_index]
+            choice = padded.argmax(-1) + self.factor_start
+            return choice.to(self.factor_dtype).reshape(out.shape[0], *self.factor_shape)
         a = torch.tanh(named["mean"]) if self.kind == "squashed_gaussian" else named["out"]
         env_a = torch.minimum(torch.maximum(self.low + (a.double() + 1.0) * self.half_range, self.low), self.high)
         return env_a.to(self.box_dtype).reshape(a.shape[0], *self.box_shape)

@@ -16,6 +16,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from distrl import tree
+from distrl.models.multi_input import MultiInputTorso
 from distrl.models.torsos import build_torso
 
 
@@ -62,6 +64,8 @@ def make_torso(space, model, auto_image: str = "auto") -> nn.Module:
     for images when model.torso is auto)."""
     if not is_user_factory(model.torso):
         try:
+            if tree.is_structured(space):
+                return MultiInputTorso(space, model, auto_image)
             return build_torso(space, model, auto_image)
         except ValueError as e:
             raise TorsoError(f"config key 'model.torso': {e}") from None
@@ -79,10 +83,20 @@ def make_torso(space, model, auto_image: str = "auto") -> nn.Module:
     return torso
 
 
-def sample_batch(space, rows: int = 2) -> torch.Tensor:
-    """`rows` observations drawn from `space`, in its dtype."""
+def sample_batch(space, rows: int = 2):
+    """`rows` observations drawn from `space`, in their stored dtypes, as tensors (a tree of them for a
+    structured observation)."""
+    if tree.is_structured(space):
+        return tree.map(torch.as_tensor, tree.sample(space, rows))
     space.seed(0)
     return torch.as_tensor(np.stack([np.asarray(space.sample()) for _ in range(rows)]))
+
+
+def _shown(obs) -> str:
+    """A batch's shapes and dtypes, for a message."""
+    if isinstance(obs, torch.Tensor):
+        return f"shaped {tuple(obs.shape)} ({obs.dtype})"
+    return "{" + ", ".join(f"{n}: {tuple(x.shape)} {x.dtype}" for n, x in tree.named_leaves(obs)) + "}"
 
 
 def check_torso(torso: nn.Module, space, name: str) -> None:
@@ -93,10 +107,10 @@ def check_torso(torso: nn.Module, space, name: str) -> None:
             out = torso(obs)
     except Exception as e:  # noqa: BLE001 - the user's forward
         reason = " ".join(str(e).split())[:200] or type(e).__name__
-        raise TorsoError(f"config key 'model.torso': {name} fails on a batch of observations shaped "
-                         f"{tuple(obs.shape)} ({obs.dtype}): {type(e).__name__}: {reason}") from None
-    want = (len(obs), torso.out_features)
+        raise TorsoError(f"config key 'model.torso': {name} fails on a batch of observations {_shown(obs)}: "
+                         f"{type(e).__name__}: {reason}") from None
+    want = (tree.rows(obs), torso.out_features)
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != want or not out.is_floating_point():
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise TorsoError(f"config key 'model.torso': {name} must map observations shaped {tuple(obs.shape)} to "
+        raise TorsoError(f"config key 'model.torso': {name} must map observations {_shown(obs)} to "
                          f"float features shaped {want} (out_features), got {got}")

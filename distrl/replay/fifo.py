@@ -5,6 +5,8 @@ from collections import deque
 
 import numpy as np
 
+from distrl import tree
+
 
 class FragmentQueue:
     """Fragments in arrival order. The producer side is held back when full (backpressure).
@@ -25,7 +27,7 @@ class FragmentQueue:
     @property
     def nbytes(self) -> int:
         """Bytes held by the queued fragments' arrays."""
-        return sum(v.nbytes for item in self._items for v in item.values())
+        return sum(tree.nbytes(v) for item in self._items for v in item.values())
 
     checkpoint_nbytes = nbytes  # a checkpoint writes every queued fragment
 
@@ -41,7 +43,7 @@ class FragmentQueue:
         self.taken += k
         if k == 1:
             return frags[0]
-        return {key: np.concatenate([f[key] for f in frags], axis=1) for key in frags[0]}
+        return {key: tree.concatenate([f[key] for f in frags], axis=1) for key in frags[0]}
 
     def state_dict(self) -> dict:
         return {"items": list(self._items), "added": self.added, "taken": self.taken}

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from distrl import tree
+
 from distrl.replay.buffer import GENERATION_KEY, ReplayBuffer
 from distrl.replay.fifo import FragmentQueue
 from distrl.replay.sequence_replay import SequenceReplay
@@ -49,7 +51,7 @@ def next_block(store: Store, take: Take, max_updates: int) -> Block | None:
     """The next data to train on, or None if there is none yet."""
     if isinstance(store, FragmentQueue):
         batch = store.take(take.fragments)
-        return None if batch is None else ({k: v[None] for k, v in batch.items()}, None, None)
+        return None if batch is None else ({k: tree.index(v, None) for k, v in batch.items()}, None, None)
     if len(store) == 0:
         return None
     return store.sample_many(min(take.batches_per_call, max(max_updates, 1)), take.batch_size)

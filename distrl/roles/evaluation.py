@@ -19,7 +19,11 @@ EVAL_SEED_OFFSET = 10_000
 
 def random_actions(space, rows: int, rng: np.random.Generator) -> np.ndarray:
     if isinstance(space, spaces.Discrete):
-        return rng.integers(0, int(space.n), rows)
+        return space.start + rng.integers(0, int(space.n), rows)
+    if isinstance(space, (spaces.MultiDiscrete, spaces.MultiBinary)):
+        nvec = space.nvec if isinstance(space, spaces.MultiDiscrete) else np.full(space.shape, 2)
+        start = getattr(space, "start", 0)
+        return (start + rng.integers(0, nvec, (rows, *space.shape))).astype(space.dtype)
     low, high = np.broadcast_to(space.low, space.shape), np.broadcast_to(space.high, space.shape)
     return rng.uniform(low, high, (rows, *space.shape)).astype(space.dtype)
 
@@ -35,14 +39,16 @@ def with_random_actions(actions: np.ndarray, epsilon: float, space, rng: np.rand
 
 def play_greedy(policy: Policy, env_id: str, episodes: int, seed: int, env_kwargs: dict | None = None,
                 max_steps: int = 1_000_000, multi_agent: bool = False, *, wrappers: list | None = None,
-                preset: str = "none", epsilon: float = 0.0, normalize=None) -> tuple[np.ndarray, list[dict]]:
+                preset: str = "none", epsilon: float = 0.0, normalize=None, obs_keys: list | None = None,
+                action_mask: str = "none") -> tuple[np.ndarray, list[dict]]:
     """Returns of `episodes` greedy episodes, one env each, with batched inference, and each episode's
     metrics (multi-agent envs report them: success, makespan, ...; gymnasium ones none). The envs are
     evaluation envs: without the train-only wrappers (whole games, the game's own rewards). `epsilon`: the
     probability of a uniform random action instead of the greedy one (single-agent envs). `normalize` (the
     env.normalize section): observations normalized with the policy's statistics, frozen."""
     envs = make_vector_env(env_id, episodes, seed, env_kwargs, multi_agent, wrappers=wrappers, preset=preset,
-                           training=False, normalize=normalize, statistics=policy.statistics)
+                           training=False, normalize=normalize, statistics=policy.statistics, obs_keys=obs_keys,
+                           action_mask=action_mask)
     rng = np.random.default_rng(seed)
     policy.episodes_ended(np.ones(episodes, bool))  # each greedy episode starts from a fresh state
     returns = np.full(episodes, np.nan)
@@ -137,7 +143,8 @@ class Evaluation:
         seed = self.seed + EVAL_SEED_OFFSET + self.evaluations * self.eval_cfg.episodes
         rets, infos = play_greedy(self.policy, self.env.id, self.eval_cfg.episodes, seed, self.env.kwargs,
                                   multi_agent=self.multi_agent, wrappers=self.env.wrappers, preset=self.env.preset,
-                                  epsilon=self.eval_cfg.epsilon, normalize=self.env.normalize)
+                                  epsilon=self.eval_cfg.epsilon, normalize=self.env.normalize,
+                                  obs_keys=self.env.obs_keys, action_mask=self.env.action_mask)
         self.evaluations += 1
         now = time.time()
         mean = float(np.mean(rets))

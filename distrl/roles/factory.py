@@ -15,7 +15,7 @@ def spec_of(env_cfg, multi_agent: bool, external=None) -> EnvSpec:
         return external_spec(env_cfg, external)
     if not multi_agent:
         return env_spec(env_cfg.id, env_cfg.kwargs, wrappers=env_cfg.wrappers, preset=env_cfg.preset,
-                        normalize=env_cfg.normalize)
+                        normalize=env_cfg.normalize, obs_keys=env_cfg.obs_keys, action_mask=env_cfg.action_mask)
     from distrl.envs.multiagent import make_multiagent_env
 
     env = make_multiagent_env(env_cfg.id, env_cfg.kwargs)
@@ -32,14 +32,15 @@ def external_spec(env_cfg, external) -> EnvSpec:
     declared = {side: space_from_data(getattr(external, f"{side}_space"), f"external.{side}_space")
                 for side in ("observation", "action") if getattr(external, f"{side}_space") is not None}
     if len(declared) < 2:
-        spec = env_spec(env_cfg.id, env_cfg.kwargs, wrappers=env_cfg.wrappers, preset=env_cfg.preset)
+        spec = env_spec(env_cfg.id, env_cfg.kwargs, wrappers=env_cfg.wrappers, preset=env_cfg.preset,
+                        obs_keys=env_cfg.obs_keys, action_mask=env_cfg.action_mask)
         declared = {"observation": spec.observation_space, "action": spec.action_space, **declared}
     return EnvSpec(declared["observation"], declared["action"])
 
 
 def make_vector_env(env_id: str, num_envs: int, seed: int, kwargs: dict | None, is_multi_agent: bool, *,
                     wrappers: list | None = None, preset: str = "none", training: bool = True, normalize=None,
-                    statistics: dict | None = None):
+                    statistics: dict | None = None, obs_keys: list | None = None, action_mask: str = "none"):
     """The vector of envs a worker (`training`) or the evaluator steps (multi-agent ones for multi-agent
     algorithms, which take no wrappers); `normalize`: the env.normalize section, `statistics` the policy's."""
     if is_multi_agent:
@@ -47,7 +48,7 @@ def make_vector_env(env_id: str, num_envs: int, seed: int, kwargs: dict | None, 
 
         return MultiAgentVectorEnv(env_id, num_envs, seed, kwargs)
     return VectorEnv(env_id, num_envs, seed, kwargs, wrappers=wrappers, preset=preset, training=training,
-                     normalize=normalize, weights=statistics)
+                     normalize=normalize, weights=statistics, obs_keys=obs_keys, action_mask=action_mask)
 
 
 def make_rollout(cfg, policy, seed: int, worker_index: int):
@@ -56,7 +57,7 @@ def make_rollout(cfg, policy, seed: int, worker_index: int):
 
     envs = make_vector_env(cfg.env.id, cfg.env.num_envs, seed, cfg.env.kwargs, algorithm(cfg.algo).multi_agent,
                            wrappers=cfg.env.wrappers, preset=cfg.env.preset, training=True,
-                           normalize=cfg.env.normalize)
+                           normalize=cfg.env.normalize, obs_keys=cfg.env.obs_keys, action_mask=cfg.env.action_mask)
     return Rollout(policy, envs, cfg.rollout.fragment_length, worker_index, record=cfg.log.dataset is not None)
 
 

@@ -41,7 +41,8 @@ def render_env(env_cfg, multi_agent: bool, statistics: dict | None = None):
 
     try:
         return make_env(env_cfg.id, kwargs, wrappers=env_cfg.wrappers, preset=env_cfg.preset, training=False,
-                        normalization=normalization_for(env_cfg.normalize, False, statistics))
+                        normalization=normalization_for(env_cfg.normalize, False, statistics),
+                        obs_keys=env_cfg.obs_keys, action_mask=env_cfg.action_mask)
     except EnvError as e:
         raise VideoError(f"env {env_cfg.id} has no rgb_array rendering: {e}") from None
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from distrl import tree
 from distrl.core import Learner, TrainStats, Weights
 from distrl.envs.normalize import SharedStatistics
 from distrl.observe.trace import tracer
@@ -38,7 +39,7 @@ def learn_block(learner: Learner, block: Block | ReadyBlock, stats: TrainStats) 
         stats.lags.extend((learner.updates + np.arange(k) - versions).tolist())
     outs = []
     for i in range(k):
-        batch = {key: v[i] for key, v in ready.batches.items()}
+        batch = {key: tree.index(v, i) for key, v in ready.batches.items()}
         if ready.weights is not None:
             batch["weights"] = ready.weights[i]
         outs.append(learner.update(batch))

@@ -23,7 +23,7 @@ def play_episodes(policy: Policy, env_cfg, episodes: int, seed: int, epsilon: fl
     n = min(episodes, max_envs)
     envs = make_vector_env(env_cfg.id, n, seed, env_cfg.kwargs, False, wrappers=env_cfg.wrappers,
                            preset=env_cfg.preset, training=False, normalize=env_cfg.normalize,
-                           statistics=policy.statistics)
+                           statistics=policy.statistics, obs_keys=env_cfg.obs_keys, action_mask=env_cfg.action_mask)
     rng, want, out = np.random.default_rng(seed), quotas(episodes, n), []
     got = np.zeros(n, np.int64)
     recorder = EpisodeRecorder(envs.obs)

@@ -6,6 +6,7 @@ import time
 
 import numpy as np
 
+from distrl import tree
 from distrl.core import Fragment, FragmentInfo, Policy, Trajectory
 from distrl.data.recorder import EpisodeRecorder
 from distrl.observe.trace import tracer
@@ -76,9 +77,9 @@ class Rollout:
             obs = envs.obs
             a, ex = self.policy.act(obs, explore=True)
             t1 = time.time()
-            buf.put(t, **_named(obs, ""), actions=a, **ex)  # before the step: VectorEnv updates obs in place
+            buf.put(t, **envs.fields(obs, ""), actions=a, **ex)  # before the step: VectorEnv updates obs in place
             nxt, rewards, terminated, truncated, finished = envs.step(a)
-            buf.put(t, rewards=rewards, terminated=terminated, truncated=truncated, **_named(nxt, "next_"))
+            buf.put(t, rewards=rewards, terminated=terminated, truncated=truncated, **envs.fields(nxt, "next_"))
             if self.recorder is not None:
                 episodes += self.recorder.step(a, rewards, terminated, truncated, nxt, envs.obs)
             self.policy.episodes_ended(terminated | truncated)
@@ -104,13 +105,9 @@ class Rollout:
         return Fragment(data, priorities, info)
 
 
-def _named(obs, prefix: str) -> dict[str, np.ndarray]:
-    """An observation (an array, or a multi-agent env's dict of arrays) as named per-step fields."""
-    return {prefix + k: v for k, v in obs.items()} if isinstance(obs, dict) else {prefix + "obs": obs}
-
-
 class Buffers:
-    """A fragment's time-major arrays, each allocated at its first step from that step's shape and dtype."""
+    """A fragment's time-major arrays (trees of them for a structured observation: `distrl.tree`), each
+    allocated at its first step from that step's shapes and dtypes."""
 
     CORE = ("obs", "actions", "rewards", "terminated", "truncated", "next_obs")
 
@@ -120,10 +117,10 @@ class Buffers:
 
     def put(self, t: int, **fields: np.ndarray) -> None:
         for k, v in fields.items():
-            v = np.asarray(v)
+            v = tree.as_arrays(v)
             if k not in self.arrays:
-                self.arrays[k] = np.empty((self.T, *v.shape), v.dtype)
-            self.arrays[k][t] = v
+                self.arrays[k] = tree.empty((self.T,), v)
+            tree.assign(self.arrays[k], t, v)
 
     def trajectory(self) -> Trajectory:
         a = self.arrays

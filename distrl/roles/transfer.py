@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from distrl import tree
 from distrl.core import Weights
 from distrl.replay.store import Block
 
@@ -32,7 +33,7 @@ class ReadyBlock:
 
     @property
     def size(self) -> int:
-        return next(iter(self.host[0].values())).shape[0]
+        return tree.rows(next(iter(self.host[0].values())))
 
     def wait(self) -> None:
         if self.ready is not None:
@@ -51,12 +52,13 @@ def on_device(block: Block, device: str, stream=None) -> ReadyBlock:
     if not device.startswith("cuda"):
         return ReadyBlock(block, batches, weights)
     with torch.cuda.stream(stream):
-        moved = {k: torch.from_numpy(np.ascontiguousarray(v)).pin_memory().to(device, non_blocking=True)
+        to_device = lambda v: torch.from_numpy(np.ascontiguousarray(v)).pin_memory().to(device, non_blocking=True)  # noqa: E731
+        moved = {k: tree.map(to_device, v)
                  for k, v in ({**batches, "_weights": weights} if weights is not None else batches).items()}
         event = torch.cuda.Event()
         event.record()
     main = torch.cuda.current_stream(device)
-    for t in moved.values():
+    for t in tree.leaves(list(moved.values())):
         t.record_stream(main)  # made on the copy stream, freed only once the training stream is done with it
     w = moved.pop("_weights", None)
     return ReadyBlock(block, moved, w, event)
@@ -111,9 +113,9 @@ class BlockFeeder:
 def _first(ready: ReadyBlock, n: int) -> ReadyBlock:
     """The first `n` batches of a block (the rest were sampled, never trained on, and count for nothing)."""
     batches, indices, weights = ready.host
-    host = ({k: v[:n] for k, v in batches.items()}, None if indices is None else indices[:n],
+    host = ({k: tree.index(v, slice(n)) for k, v in batches.items()}, None if indices is None else indices[:n],
             None if weights is None else weights[:n])
-    return ReadyBlock(host, {k: v[:n] for k, v in ready.batches.items()},
+    return ReadyBlock(host, {k: tree.index(v, slice(n)) for k, v in ready.batches.items()},
                       None if ready.weights is None else ready.weights[:n], ready.ready)
 
 

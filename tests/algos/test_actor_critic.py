@@ -188,4 +188,6 @@ def test_check_spec():
     dist, value = net(torch.zeros(5, 8, 8, 3, dtype=torch.uint8))
     assert dist.logp_all.shape == (5, 2) and value.shape == (5,)
     multi = EnvSpec(gym.spaces.Box(-1, 1, (3,)), gym.spaces.MultiDiscrete([2, 2]))
-    assert "Discrete or Box" in ActorCriticAlgorithm.check_spec(multi)
+    assert ActorCriticAlgorithm.check_spec(multi) is None  # a factored categorical (test_factored_actions)
+    tupled = EnvSpec(gym.spaces.Box(-1, 1, (3,)), gym.spaces.Tuple([gym.spaces.Discrete(2)]))
+    assert "Discrete, Box, MultiDiscrete or MultiBinary" in ActorCriticAlgorithm.check_spec(tupled)

@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from distrl.algos.common import ACTION_KINDS
 from distrl.config import MODES, DATA_SECTIONS, config_class, load_config
 from distrl.config.sections import ModelConfig, RecurrentModelConfig
 from distrl.core import Algorithm, Learner, Policy
@@ -39,7 +40,7 @@ def test_each_class_declares_itself_consistently(name):
     model_fields = {fl.name for fl in dataclasses.fields(cls.model_config)}
     assert set(cls.model_defaults) <= model_fields
     assert cls.modes and set(cls.modes) <= set(MODES)
-    assert cls.actions and set(cls.actions) <= {"discrete", "box"}
+    assert cls.actions and set(cls.actions) <= {kind for kind, _, _ in ACTION_KINDS}
     assert cls.data_path in DATA_SECTIONS
     assert all(isinstance(getattr(cls, flag), bool) for flag in FLAGS)
     assert cls.image_torso in ("auto", *IMAGE_TORSOS)

@@ -85,5 +85,6 @@ def test_the_algorithms_table_says_what_each_algorithm_declares():
     for name, (actions, data_path, modes) in rows.items():
         a = algorithm(name)
         assert [m.strip() for m in modes.split(",")] == list(a.modes), name
-        assert {w.lower() for w in re.findall(r"Discrete|Box", actions)} == set(a.actions), name
+        kinds = {"Discrete": "discrete", "Box": "box", "MultiDiscrete": "multi_discrete", "MultiBinary": "multi_binary"}
+        assert {kinds[w] for w in re.findall(r"\b(MultiDiscrete|MultiBinary|Discrete|Box)\b", actions)} == set(a.actions), name
         assert a.data_path in data_path or (a.offline and "data.dataset" in data_path), name

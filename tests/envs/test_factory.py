@@ -111,7 +111,8 @@ def test_every_shipped_env_with_its_preset_wrappers_and_normalization_passes_gym
     from distrl.envs.normalize import normalization_for
 
     env = make_env(env_cfg.id, env_cfg.kwargs, wrappers=env_cfg.wrappers, preset=env_cfg.preset, training=training,
-                   normalization=normalization_for(env_cfg.normalize, training))
+                   normalization=normalization_for(env_cfg.normalize, training), obs_keys=env_cfg.obs_keys,
+                   action_mask=env_cfg.action_mask)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # its advice (wrapped envs, unbounded Boxes) is not a failure
         try:

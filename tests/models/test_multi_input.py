@@ -1,0 +1,48 @@
+"""The torso of a structured observation: an encoder per leaf, concatenated, then the MLP."""
+import numpy as np
+import pytest
+import torch
+from gymnasium import spaces
+
+from distrl import tree
+from distrl.config.sections import ModelConfig
+from distrl.models import TorsoError, check_torso, make_torso
+from distrl.models.multi_input import MultiInputTorso
+from distrl.models.torsos import ConvTorso
+
+SPACE = spaces.Dict({"screen": spaces.Box(0, 255, (40, 40, 3), np.uint8), "vars": spaces.Box(-1, 1, (2,), np.float32),
+                     "dir": spaces.Discrete(4, start=1), "keys": spaces.MultiDiscrete([2, 3]),
+                     "action_mask": spaces.MultiBinary(5)})
+
+
+def test_each_leaf_gets_the_encoder_its_space_asks_for():
+    torso = make_torso(SPACE, ModelConfig(hidden=[32], encoders={"screen": "nature"}))
+    assert isinstance(torso, MultiInputTorso) and torso.names == ["dir", "keys", "screen", "vars"]
+    widths = [e.out_features for e in torso.encoders]
+    assert widths == [4, 5, 512, 2] and torso.out_features == 32  # the mask is no input
+    check_torso(torso, SPACE, "auto")
+    auto = make_torso(SPACE, ModelConfig(hidden=[]))
+    assert isinstance(auto.encoders[2], ConvTorso) and auto.out_features == 4 + 5 + 512 + 2
+
+
+def test_discrete_leaves_are_one_hot_from_their_start():
+    torso = make_torso(spaces.Dict({"d": spaces.Discrete(3, start=1)}), ModelConfig(hidden=[]))
+    out = torso({"d": torch.tensor([1, 3])})
+    assert out.tolist() == [[1, 0, 0], [0, 0, 1]]
+
+
+def test_the_mask_does_not_change_the_features():
+    torso = make_torso(SPACE, ModelConfig(hidden=[8]))
+    batch = tree.map(torch.as_tensor, tree.sample(SPACE, 3))
+    other = {**batch, "action_mask": 1 - batch["action_mask"]}
+    assert torch.equal(torso(batch), torso(other))
+
+
+def test_encoders_that_do_not_fit_are_one_line():
+    with pytest.raises(TorsoError, match="model.encoders.vars: only image leaves take an encoder"):
+        make_torso(SPACE, ModelConfig(encoders={"vars": "nature"}))
+    with pytest.raises(TorsoError, match="model.encoders names 'scren', which the observation lacks"):
+        make_torso(SPACE, ModelConfig(encoders={"scren": "nature"}))
+    small = spaces.Dict({"img": spaces.Box(0, 255, (7, 7, 3), np.uint8)})
+    with pytest.raises(TorsoError, match="model.encoders.img: nature needs images of at least 36x36"):
+        make_torso(small, ModelConfig(encoders={"img": "nature"}))
