@@ -74,15 +74,24 @@ class Bounds:
         self.low, self.high, self.shape, self.dtype = low, high, tuple(shape), dtype
 
 
+MASKED = -1e9  # a masked action's logit or Q-value (`distrl.models.masking`)
+
+
 def epsilon_greedy(q: np.ndarray, epsilon: float, rng: np.random.Generator | None) -> np.ndarray:
-    """argmax over the last axis of `q`, each replaced with probability `epsilon` by a uniform action
-    (no RNG: greedy)."""
+    """argmax over the last axis of `q`, each replaced with probability `epsilon` by a uniform action among
+    the legal ones (those whose value is not MASKED; no RNG: greedy)."""
     actions = q.argmax(axis=-1)
     if rng is None or epsilon <= 0.0:
         return actions
     shape = actions.shape
     random = rng.random(shape) < epsilon
-    return np.where(random, rng.integers(0, q.shape[-1], shape), actions)
+    legal = q > MASKED / 2
+    if legal.all():
+        return np.where(random, rng.integers(0, q.shape[-1], shape), actions)
+    # The k-th legal action, k uniform below the row's count of them.
+    k = np.floor(rng.random(shape) * legal.sum(axis=-1)).astype(np.int64)
+    choice = ((np.cumsum(legal, axis=-1) == (k + 1)[..., None]) & legal).argmax(axis=-1)
+    return np.where(random, choice, actions)
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:

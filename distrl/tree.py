@@ -128,6 +128,61 @@ def named_leaves(tree: Tree) -> list[tuple[str, Any]]:
     return [(path_name(p), x) for p, x in zip(optree.tree_paths(tree), optree.tree_leaves(tree))]
 
 
+# --- columns: a store of named arrays (replay) holds a tree's leaves as columns of their own -------------
+def to_columns(fields: dict) -> dict:
+    """Named fields, each a tree, as named arrays: a leaf of field `obs` at key `image` is column
+    `obs.image`, at a Tuple's index 1 `obs#1` (nesting continues: `obs.pos#0`); an array field keeps its
+    name. Keys of a Dict observation hold neither `.` nor `#` (`envs.structured` refuses them)."""
+    out: dict = {}
+    for name, value in fields.items():
+        _columns(name, value, out)
+    return out
+
+
+def _columns(name: str, value, out: dict) -> None:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _columns(f"{name}.{k}", v, out)
+    elif isinstance(value, tuple):
+        for i, v in enumerate(value):
+            _columns(f"{name}#{i}", v, out)
+    else:
+        out[name] = value
+
+
+def from_columns(columns: dict) -> dict:
+    """The fields `to_columns` made the columns of, each tree rebuilt from its columns' names."""
+    out: dict = {}
+    for name, value in columns.items():
+        node, parts = out, _name_parts(name)
+        for key in parts[:-1]:
+            node = node.setdefault(key, {})
+        node[parts[-1]] = value
+    return {k: _tupled(v) for k, v in out.items()}
+
+
+def _name_parts(name: str) -> list:
+    """`obs.pos#0` -> ["obs", "pos", 0]: a Dict's keys as strings, a Tuple's indices as ints."""
+    parts, key, index = [], "", False
+    for ch in name + ".":
+        if ch in ".#":
+            parts.append(int(key) if index else key)
+            key, index = "", ch == "#"
+        else:
+            key += ch
+    return parts
+
+
+def _tupled(node):
+    """Nodes whose keys are the ints 0..n-1 (a Tuple's) as tuples, recursively."""
+    if not isinstance(node, dict):
+        return node
+    node = {k: _tupled(v) for k, v in node.items()}
+    if node and all(isinstance(k, int) for k in node):
+        return tuple(node[i] for i in range(len(node)))
+    return node
+
+
 def mask_of(obs: Tree):
     """The `action_mask` leaf of an observation, or None."""
     return obs.get(MASK_KEY) if isinstance(obs, dict) else None

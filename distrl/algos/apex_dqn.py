@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from distrl import tree
 from distrl.algos.common import NetworkAlgorithm, NetworkPolicy, as_tensors, nstep_items, step_report, stored_obs
 from distrl.algos.qlearning import DuelingHead, QLearningConfig, TargetNetworkState, worker_epsilon
 from distrl.algos.sharding import ShardedLearner
@@ -22,6 +23,7 @@ from distrl.config.fields import f
 from distrl.config.sections import ModelConfig
 from distrl.core import Batch, Learner, Trajectory
 from distrl.models import make_torso
+from distrl.models.masking import apply_mask
 from distrl.replay.frames import FrameEncoder, frame_transitions
 from distrl.sampling import EpsilonGreedy
 
@@ -40,7 +42,9 @@ class QNetwork(nn.Module):
         self.head = DuelingHead(torso.out_features, num_actions, dueling)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.head(self.torso(obs))
+        """Q(obs, .), masked actions' values MASKED where the observation has an action mask: argmax and
+        max (acting, double-DQN targets over the next state's legal actions) never pick one."""
+        return apply_mask(self.head(self.torso(obs)), tree.mask_of(obs))
 
 
 class DQNLearner(TargetNetworkState, ShardedLearner, Learner):
@@ -139,7 +143,7 @@ class DQNPolicy(NetworkPolicy):
         acted[:-1] = ~ended[:-1]
         need = np.unique(boot[~acted.ravel()[boot]])
         if need.size:
-            next_obs = stored_obs(np.asarray(traj.next_obs).reshape(T * E, *traj.next_obs.shape[2:])[need])
+            next_obs = stored_obs(tree.index(tree.flatten_lead(traj.next_obs, 2), need))
             q_max[need] = self.evaluate(next_obs)[0]["q"].max(axis=1)
         return q_max[boot]
 
@@ -151,6 +155,7 @@ class ApexDQN(NetworkAlgorithm):
     model_config = ModelConfig
     model_defaults = {"hidden": [64, 64]}
     actions = ("discrete",)
+    structured_obs = True
     data_path = "replay"
     gradient_workers = True
     learner_cls, policy_cls = DQNLearner, DQNPolicy

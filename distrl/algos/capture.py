@@ -14,6 +14,8 @@ from typing import Callable
 import torch
 from torch import nn
 
+from distrl import tree
+
 Tensors = dict[str, torch.Tensor]
 
 
@@ -50,12 +52,13 @@ class GraphedStep:
         self.graphs.clear()
 
     def __call__(self, batch: Tensors) -> Tensors:
-        layout = tuple((k, tuple(v.shape), v.dtype) for k, v in sorted(batch.items()))
+        layout = tuple((k, n, tuple(x.shape), x.dtype) for k, v in sorted(batch.items()) for n, x in tree.named_leaves(v))
         if layout not in self.graphs:
             self.graphs[layout] = self._record(batch)
         inputs, graph, outputs = self.graphs[layout]
         for k, v in batch.items():
-            inputs[k].copy_(v, non_blocking=True)
+            for dst, src in zip(tree.leaves(inputs[k]), tree.leaves(v)):
+                dst.copy_(src, non_blocking=True)
         graph.replay()
         return {k: v.clone() for k, v in outputs.items()}
 
@@ -65,7 +68,7 @@ class GraphedStep:
         return tensors
 
     def _record(self, batch: Tensors):
-        inputs = {k: v.clone() for k, v in batch.items()}
+        inputs = {k: tree.map(lambda x: x.clone(), v) for k, v in batch.items()}
         before = [t.detach().clone() for t in self._state()]
         opt_before = {id(t): t.detach().clone() for s in self.optimizer.state.values() for t in s.values()
                       if torch.is_tensor(t)}

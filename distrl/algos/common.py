@@ -79,12 +79,14 @@ def nstep_items(traj: Trajectory, gamma: float, n_step: int) -> tuple[Batch, np.
     each one's bootstrap step: the flat (t, e) index whose next observation is its `next_obs`."""
     T, E = traj.rewards.shape
     steps = np.arange(T * E).reshape(T, E)
-    # The windows run once, over step indices in place of next observations; those are gathered after.
-    items = nstep_transitions(stored_obs(traj.obs), traj.actions, traj.rewards, traj.terminated,
-                              traj.truncated, steps, gamma, n_step)
+    # The windows run once, over step indices in place of observations; those are gathered after (a tree
+    # of them for a structured observation).
+    items = nstep_transitions(steps, traj.actions, traj.rewards, traj.terminated, traj.truncated, steps,
+                              gamma, n_step)
     items.pop("nsteps", None)
     boot = items["next_obs"]
-    items["next_obs"] = stored_obs(np.asarray(traj.next_obs).reshape(T * E, *np.shape(traj.next_obs)[2:])[boot])
+    items["obs"] = stored_obs(tree.flatten_lead(traj.obs, 2))
+    items["next_obs"] = stored_obs(tree.index(tree.flatten_lead(traj.next_obs, 2), boot))
     return items, boot
 
 

@@ -50,6 +50,10 @@ def structured(env: gym.Env, env_id: str, obs_keys: list | None, action_mask: st
         env = MaskedObservation(env, env_id, source)
     if not tree.is_structured(env.observation_space):
         return env
+    odd = _odd_key(env.observation_space)
+    if odd is not None:
+        raise EnvError(f"config key 'env.id': {env_id}'s observation key {odd!r} holds '.' or '#', which name a "
+                       f"leaf's path in replay (rename it in a wrapper)")
     for name, space in tree.leaf_spaces(env.observation_space):
         problem = tree.leaf_problem(space)
         if problem:
@@ -57,6 +61,20 @@ def structured(env: gym.Env, env_id: str, obs_keys: list | None, action_mask: st
             raise EnvError(f"config key 'env.obs_keys': {env_id}'s observation leaf {name!r} is {problem} "
                            f"(keep the others: env.obs_keys: [{', '.join(keep)}])")
     return StoredObservation(env, env_id)
+
+
+def _odd_key(space) -> str | None:
+    """The first Dict key (at any depth) that holds '.' or '#', or None."""
+    if isinstance(space, spaces.Dict):
+        for key, sub in space.spaces.items():
+            if "." in key or "#" in key:
+                return key
+            found = _odd_key(sub)
+            if found is not None:
+                return found
+    if isinstance(space, spaces.Tuple):
+        return next((k for k in map(_odd_key, space.spaces) if k is not None), None)
+    return None
 
 
 def _select(env: gym.Env, env_id: str, keys) -> gym.Env:

@@ -1,5 +1,6 @@
 """A policy's acting network out of distrl: an ONNX file (or TorchScript) that maps a batch of observations,
-as the env gives them (uint8 frames stay uint8), to the greedy action and the network's acting outputs.
+as the env gives them (uint8 frames stay uint8; a structured observation as one input per leaf, its
+action mask among them), to the greedy action and the network's acting outputs.
 
 The file holds the run's observation normalization (env.normalize.obs: its statistics, frozen), the
 policy's own `nn.Module` (the one the learner trains) and, for the action, the greedy
@@ -21,6 +22,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from distrl import tree
+
 OPSET = 17
 
 
@@ -31,11 +34,15 @@ class ExportError(ValueError):
 class ActingNetwork(nn.Module):
     """obs -> (greedy action, *acting outputs) of a network-backed policy."""
 
-    def __init__(self, net: nn.Module, method: str, names: tuple[str, ...], rule, normalize=None):
+    def __init__(self, net: nn.Module, method: str, names: tuple[str, ...], rule, normalize=None, space=None):
         """`normalize`: (mean, 1 / std, clip or None) of the run's observation statistics (env.normalize.obs),
-        applied to the raw observations the file is given, as the run's envs apply them."""
+        applied to the raw observations the file is given, as the run's envs apply them. `space`: the
+        observation space; a structured one's leaves are the file's inputs, one per leaf, named by their
+        keys (`image`, `action_mask`, `pos.0`)."""
         super().__init__()
         self.net, self.method, self.names, self.kind = net, method, tuple(names), rule.kind
+        self.structure = tree.sample(space, 1) if space is not None and tree.is_structured(space) else None
+        self.input_names = ["obs"] if self.structure is None else [n for n, _ in tree.named_leaves(self.structure)]
         self.normalizes = normalize is not None
         if normalize is not None:  # in float64, as distrl.envs.normalize computes it
             mean, scale, self.clip = normalize
@@ -53,7 +60,8 @@ class ActingNetwork(nn.Module):
             self.register_buffer("half_range", torch.as_tensor(box.half, dtype=torch.float64))
             self.box_shape, self.box_dtype = tuple(box.shape), _torch_dtype(box.dtype)
 
-    def forward(self, obs: torch.Tensor):
+    def forward(self, *inputs: torch.Tensor):
+        obs = inputs[0] if self.structure is None else tree.unflatten_like(self.structure, list(inputs))
         if self.normalizes:
             obs = (obs.double() - self.obs_mean) * self.obs_scale
             if self.clip is not None:
@@ -92,29 +100,38 @@ def acting_network(policy, normalize=None) -> ActingNetwork:
     if rule is None or not hasattr(policy, "net"):
         raise ExportError(f"{type(policy).__name__} acts with a recurrent state: only feedforward policies "
                           "export (their actions depend on the observation alone)")
-    return ActingNetwork(policy.net, policy.acting_method, policy.acting_outputs(), rule, normalize).eval()
+    return ActingNetwork(policy.net, policy.acting_method, policy.acting_outputs(), rule, normalize,
+                         policy.spec.observation_space).eval()
 
 
-def example_batch(space) -> torch.Tensor:
-    """One observation of `space`, as a batch of one."""
+def example_batch(space) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    """One observation of `space`, as a batch of one: a tensor, or one per leaf of a structured observation
+    (in the tree's order; an action mask all legal)."""
+    if tree.is_structured(space):
+        return tuple(torch.as_tensor(np.ones_like(x) if n == tree.MASK_KEY else np.zeros_like(x))
+                     for n, x in tree.named_leaves(tree.sample(space, 1)))
     return torch.as_tensor(np.zeros((1, *space.shape), space.dtype))
 
 
-def onnx_bytes(module: ActingNetwork, example: torch.Tensor) -> bytes:
+def _inputs(example) -> tuple[torch.Tensor, ...]:
+    return example if isinstance(example, tuple) else (example,)
+
+
+def onnx_bytes(module: ActingNetwork, example) -> bytes:
     buf = io.BytesIO()
-    axes = {name: {0: "batch"} for name in ("obs", "action", *module.names)}
+    axes = {name: {0: "batch"} for name in (*module.input_names, "action", *module.names)}
     with warnings.catch_warnings():  # the exporter's notes on the TorchScript path and on tracing
         warnings.simplefilter("ignore")
-        torch.onnx.export(module, (example,), buf, dynamo=False, input_names=["obs"],
+        torch.onnx.export(module, _inputs(example), buf, dynamo=False, input_names=module.input_names,
                           output_names=["action", *module.names], dynamic_axes=axes, opset_version=OPSET)
     return buf.getvalue()
 
 
-def torchscript_bytes(module: ActingNetwork, example: torch.Tensor) -> bytes:
+def torchscript_bytes(module: ActingNetwork, example) -> bytes:
     buf = io.BytesIO()
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
-        torch.jit.save(torch.jit.trace(module, (example,), check_trace=False), buf)
+        torch.jit.save(torch.jit.trace(module, _inputs(example), check_trace=False), buf)
     return buf.getvalue()
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-MASKED = -1e9
+from distrl.sampling import MASKED
 
 
 def apply_mask(out: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:

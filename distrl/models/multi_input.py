@@ -30,7 +30,7 @@ class OneHot(nn.Module):
         self.out_features = int(sum(self.sizes))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        codes = (x.reshape(len(x), -1).long() - self.starts).clamp_(min=0)
+        codes = (x.reshape(x.shape[0], -1).long() - self.starts).clamp_(min=0)  # shape[0]: a traced batch axis
         return torch.cat([F.one_hot(codes[:, i], n).float() for i, n in enumerate(self.sizes)], dim=1)
 
 
@@ -43,7 +43,7 @@ class Flat(nn.Module):
         self.out_features = int(np.prod(space.shape)) if space.shape else 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.scale(x).reshape(len(x), -1)
+        return self.scale(x).reshape(x.shape[0], -1)
 
 
 def leaf_encoder(name: str, space, model, auto_image: str) -> nn.Module:

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from distrl import tree
 from distrl.replay.frame_ring import FrameRing
 from distrl.replay.frames import FRAMES, MESSAGE_KEYS, NEXT_REF, OBS_REF, STACK
 from distrl.replay.sumtree import SumTree, stratified_sample
@@ -125,7 +126,9 @@ class ReplayBuffer:
         return int(next(iter(sizes.values())))
 
     def add(self, items: dict[str, np.ndarray], priorities: np.ndarray | None = None) -> None:
-        """Append a fragment of B items (FIFO; keeps only the newest ``capacity``)."""
+        """Append a fragment of B items (FIFO; keeps only the newest ``capacity``); a structured observation's
+        leaves are columns of their own (`distrl.tree.to_columns`)."""
+        items = tree.to_columns(items)
         if FRAMES in items:
             items, priorities = self._add_frames(items, priorities)
         b = self._validate(items)
@@ -225,7 +228,7 @@ class ReplayBuffer:
     def sample(self, batch_size: int) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
         """One batch: (items incl. ``"_generation"``, indices, float32 weights)."""
         batch, idx, w = self.sample_many(1, batch_size)
-        return {k: v[0] for k, v in batch.items()}, idx[0], w[0]
+        return {k: tree.index(v, 0) for k, v in batch.items()}, idx[0], w[0]
 
     def sample_many(
         self, num_batches: int, batch_size: int
@@ -255,7 +258,7 @@ class ReplayBuffer:
             batch["next_obs"] = self._frames.stacks(batch.pop(NEXT_REF))
             del batch[OLDEST_KEY]
         batch[GENERATION_KEY] = self._gen[idx]
-        return batch, idx, weights
+        return tree.from_columns(batch), idx, weights
 
     def update_priorities(
         self,

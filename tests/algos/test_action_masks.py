@@ -1,5 +1,5 @@
-"""Action masks in the policy-gradient family: a masked action is never taken, in training (every mode's
-acting path: a worker's own network, central inference, A3C's workers) and in evaluation."""
+"""Action masks: a masked action is never taken, in training (every mode's acting path: a worker's own
+network, central inference, A3C's workers; Ape-X's epsilon-greedy exploration) and in evaluation."""
 import csv
 import os
 
@@ -41,7 +41,8 @@ class RandomMask(gym.Env):
 
 
 RUNS = [("ppo", "single", []), ("a2c", "single", []), ("impala", "single", []), ("a3c", "single", []),
-        ("ppo", "sync", ["rollout.inference=central"])]
+        ("ppo", "async", ["rollout.inference=central"]),
+        ("apex_dqn", "single", ["replay.min_size=256", "learner.batch_size=64", "apex_dqn.eps_end=0.5"])]
 
 
 @pytest.mark.parametrize("algo, mode, extra", RUNS, ids=[f"{a}-{m}" for a, m, _ in RUNS])

@@ -143,3 +143,22 @@ def test_an_exported_policy_normalizes_raw_observations_as_the_run_did(tmp_path)
     got = ort.InferenceSession(path).run(["action"], {"obs": raw})[0]
     np.testing.assert_array_equal(got, want)
     assert not np.array_equal(want, policy.act(raw, explore=False)[0])  # normalizing changes some actions
+
+
+def test_a_structured_observation_exports_as_one_input_per_leaf_with_its_mask():
+    space = spaces.Dict({"image": spaces.Box(0, 255, (10, 10, 3), np.uint8), "direction": spaces.Discrete(4),
+                         "action_mask": spaces.MultiBinary(5)})
+    policy = trained_policy("ppo", space, spaces.Discrete(5))
+    module = acting_network(policy)
+    from distrl import tree
+
+    obs = tree.sample(space, 64, seed=3)
+    obs["action_mask"][:, 0] = 1  # at least one legal action per row
+    actions, _ = policy.act(obs, explore=False)
+    assert all(obs["action_mask"][i, a] for i, a in enumerate(actions)) and len(set(actions.tolist())) > 1
+    session = ort.InferenceSession(onnx_bytes(module, example_batch(space)))
+    assert [i.name for i in session.get_inputs()] == ["action_mask", "direction", "image"]
+    got = session.run(["action", "out"], {n: x for n, x in tree.named_leaves(obs)})
+    np.testing.assert_array_equal(got[0], actions)
+    outputs, _ = policy.forward(obs, None)
+    np.testing.assert_allclose(got[1], outputs["out"], rtol=1e-4, atol=1e-3)
