@@ -4,7 +4,8 @@ plus the heartbeat's one-second period), ended, restarted and counted once, and 
 shortly before the run's budget ends, every role is SIGSTOPped again: the run ends within 10 s of its budget,
 ends those processes rather than waiting for them, and says what it skipped. Nothing written is lost or
 half-written: every checkpoint verifies, metrics.csv's rows are whole (and their blocked shares within
-0-100%), and the restarted replay server was refilled from the newest checkpoint."""
+0-100%), and the restarted replay server was refilled from the newest checkpoint. The async run first stops a
+rollout worker while it starts: its sign of life finds it hung as fast."""
 import csv
 import os
 import signal
@@ -40,13 +41,16 @@ class Waves(threading.Thread):
     """SIGSTOPs this run's processes of each wave's roles in turn (`picks`: name -> how many of its processes,
     None for all), each once the run has a checkpoint, a few more metrics rows and an update, and the previous
     wave's processes are back (`back()`); the first wave the moment a checkpoint is written, with `fresh`; then every
-    role's, `LEAD_S` before the run's budget ends. Keeps (name, pid, when)."""
+    role's, `LEAD_S` before the run's budget ends. With `start_up` (a name), first one of its processes while its
+    constructor runs. Keeps (name, pid, when)."""
 
-    def __init__(self, run_dir: str, names: list[str], waves: list[dict], budget_end: float, back, fresh: bool):
+    def __init__(self, run_dir: str, names: list[str], waves: list[dict], budget_end: float, back, fresh: bool,
+                 start_up: str | None = None):
         super().__init__(daemon=True)
         self.run_dir, self.names, self.waves, self.budget_end, self.back = run_dir, names, waves, budget_end, back
-        self.fresh = fresh
+        self.fresh, self.start_up = fresh, start_up
         self.before = {name: snapshot(name) for name in names}  # an earlier run's may still be exiting
+        self.starting: list = []  # [(name, pid, when, its start time)] of the one stopped in its start-up
         self.stopped: list[list] = []  # per wave: [(name, pid, when, its start time)]
         self.done = threading.Event()
 
@@ -71,9 +75,12 @@ class Waves(threading.Thread):
         return cond()
 
     def run(self) -> None:
+        if self.start_up:
+            self.stop_starting(self.start_up)
         for wave in self.waves:
             rows = self.rows()
-            if not self.wait(lambda: self.back(self.stopped) and self.rows() >= rows + 4 and self.learning()):
+            if not self.wait(lambda: self.back([self.starting, *self.stopped]) and self.rows() >= rows + 4
+                             and self.learning()):
                 return
             ckpts = self.checkpoints() if self.fresh and not self.stopped else 0
             if not self.wait(lambda: self.checkpoints() > ckpts):
@@ -82,6 +89,21 @@ class Waves(threading.Thread):
         while not self.done.is_set() and time.time() < self.budget_end - LEAD_S:
             time.sleep(0.02)
         self.stopped.append(self.stop(dict.fromkeys(self.names)))
+
+    def stop_starting(self, name: str) -> None:
+        """One of this run's `name` processes whose sign of life is in Ray's key-value store (its constructor
+        runs, its heartbeat not yet answered)."""
+        from ray.experimental.internal_kv import _internal_kv_list
+
+        while not self.done.is_set() and time.time() < self.budget_end - LEAD_S:
+            starting = {int(v.split()[0]) for v in (_life(k) for k in _internal_kv_list(b"distrl-life:")) if v}
+            pids = set(new_pids(name, self.before[name])) & starting
+            if pids:
+                pid = min(pids)
+                os.kill(pid, signal.SIGSTOP)
+                self.starting.append((name, pid, time.time(), started_at(pid)))
+                return
+            time.sleep(0.05)
 
     def stop(self, picks: dict) -> list:
         out = []
@@ -94,7 +116,7 @@ class Waves(threading.Thread):
     def resume(self) -> None:
         self.done.set()
         self.join(timeout=5)
-        for wave in self.stopped:
+        for wave in [self.starting, *self.stopped]:
             for _, pid, _, start in wave:
                 resume_if_stopped(pid, start)
 
@@ -108,11 +130,13 @@ def back_once_counted(run_dir: str):
 
 
 def run_with_waves(tmp_path, mode: str, names: list[str], waves: list[dict], budget_s: float, extra: list[str],
-                   fresh: bool = False):
+                   fresh: bool = False, start_up: str | None = None):
+    """The run under `Waves` (`start_up`: see there), and what they stopped: per wave, the last one's last
+    (`stopped`), and the process stopped in its start-up (`starting`, empty without `start_up`)."""
     run_dir = str(tmp_path / "run")
     start = time.time()
     roles = {n: (RAY_ROLES | EVALUATOR)[n] for n in names}
-    waves_thread = Waves(run_dir, names, waves, start + budget_s, back_once_counted(run_dir), fresh)
+    waves_thread = Waves(run_dir, names, waves, start + budget_s, back_once_counted(run_dir), fresh, start_up)
     waves_thread.start()
     try:
         summary = train(CARTPOLE, run_dir=run_dir, start_time=start, overrides=[
@@ -120,17 +144,20 @@ def run_with_waves(tmp_path, mode: str, names: list[str], waves: list[dict], bud
         ended = time.time()
     finally:
         waves_thread.resume()
-    return run_dir, start, ended, summary, waves_thread.stopped, roles
+    return run_dir, start, ended, summary, waves_thread.stopped, roles, waves_thread.starting
 
 
-def check_waves(run_dir: str, start: float, stopped: list, roles: dict, summary: dict) -> None:
-    """Each process stopped mid-run was found hung within FOUND_S, restarted, and counted once."""
+def check_waves(run_dir: str, start: float, stopped: list, roles: dict, summary: dict, starting: list = ()) -> None:
+    """Each process stopped mid-run was found hung within FOUND_S, restarted, and counted once (as was the one
+    stopped in its start-up, `starting`)."""
     assert len(stopped) >= 2, stopped  # every mid-run wave, then the last one
     events = fault_events(run_dir)
     hung = [e for e in events if " hung (no answer within 5 s), ended, restarted in " in e[1]
             or " hung (no sign of life for 5 s), ended, restarted in " in e[1]]
     assert len(hung) == sum(len(w) for w in stopped[:-1]), events  # one line each: counted once
     expected = {}
+    for name, _, _, _ in starting:
+        expected[roles[name][1]] = expected.get(roles[name][1], 0) + 1
     for wave, after in zip(stopped, stopped[1:]):
         stopped_at, next_at = (min(when for _, _, when, _ in w) - start for w in (wave, after))
         ours = [e for e in hung if stopped_at - 1 < ended_at(e) < next_at]
@@ -142,6 +169,17 @@ def check_waves(run_dir: str, start: float, stopped: list, roles: dict, summary:
             expected[roles[name][1]] = expected.get(roles[name][1], 0) + 1
     assert {key: summary[key] for key in expected} == expected, summary
     assert set(expected) == {key for _, key in roles.values()}  # every role of the mode was stopped
+
+
+def check_start_up(run_dir: str, start: float, starting: list) -> None:
+    """The process stopped in its start-up was found hung by its sign of life within FOUND_S (as fast as one
+    stopped later, not at fault.start_timeout_s nor left silent until the stop), ended and restarted: one line."""
+    assert starting, "no process was seen starting"
+    (name, _, when, _), = starting
+    lines = [e for e in fault_events(run_dir)
+             if " hung in its start-up (no sign of life for 5 s), ended, restarted in " in e[1]]
+    assert len(lines) == 1 and lines[0][1].startswith(RAY_ROLES[name][0]), fault_events(run_dir)
+    assert ended_at(lines[0]) - (when - start) < FOUND_S, (when - start, lines)
 
 
 def check_end(run_dir: str, start: float, ended: float, budget_s: float, summary: dict, last_wave: list,
@@ -215,7 +253,7 @@ def test_single_mode_hangs_at_the_defaults(tmp_path):
     """The evaluator's process: stopped once mid-run, then shortly before the budget ends (the learner and the
     rollout are the driver's own)."""
     budget = 24.0
-    run_dir, start, ended, summary, stopped, roles = run_with_waves(
+    run_dir, start, ended, summary, stopped, roles, _ = run_with_waves(
         tmp_path, "single", ["distrl-eval"], [{"distrl-eval": 1}], budget, [])
     check_waves(run_dir, start, stopped, roles, summary)
     check_end(run_dir, start, ended, budget, summary, stopped[-1], {"evaluator"})
@@ -234,7 +272,7 @@ def test_sync_mode_hangs_at_the_defaults(ray_session, tmp_path, capfd):
     rollout worker: all eight processes restart at once, each importing torch, which takes 15-25 s of a
     loaded 2-core machine; the budget leaves the run time to go on after that."""
     budget, names = scaled(66.0), list(RAY_ROLES)  # restarts take longer on a slower machine: so does the run
-    run_dir, start, ended, summary, stopped, roles = run_with_waves(
+    run_dir, start, ended, summary, stopped, roles, _ = run_with_waves(
         tmp_path, "sync", names, [dict.fromkeys(names)], budget, [*RAY_EXTRA, "workers=1"])
     err = capfd.readouterr().err
     assert "Traceback" not in err and "Unhandled error" not in err, err
@@ -249,18 +287,22 @@ def test_sync_mode_hangs_at_the_defaults(ray_session, tmp_path, capfd):
 
 
 def test_async_mode_hangs_at_the_defaults(ray_session, tmp_path):
-    """First every role but one rollout worker and the inference server it acts through, right after a
-    checkpoint: that worker delivers meanwhile (async mode waits on none of them; the next checkpoint waits
-    for every role's state), then those two, then every role shortly before the budget ends. Every worker
-    acts through the inference server, so no env step is taken from the second wave until the server is
-    back: the budget leaves time for that restart on a loaded machine, and for steps after it."""
+    """A rollout worker stopped while its constructor runs (its sign of life begun, its heartbeat not yet
+    answered): found hung as fast as one stopped later, ended, restarted and counted once. Once it is back,
+    every role but one rollout worker and the inference server it acts through, right after a checkpoint: that
+    worker delivers meanwhile (async mode waits on none of them; the next checkpoint waits for every role's
+    state), then those two, then every role shortly before the budget ends. Every worker acts through the
+    inference server, so no env step is taken from the second wave until the server is back: the budget leaves
+    time for that restart on a loaded machine, and for steps after it."""
     budget, names = scaled(75.0), list(RAY_ROLES)
     first = {**dict.fromkeys(names), "RolloutWorker": 1}
     del first["InferenceServer"]
-    run_dir, start, ended, summary, stopped, roles = run_with_waves(  # the limiter lets it run while the learner hangs
+    run_dir, start, ended, summary, stopped, roles, starting = run_with_waves(
         tmp_path, "async", names, [first, {"RolloutWorker": 1, "InferenceServer": 1}], budget,
-        [*RAY_EXTRA, "replay.error_buffer=1e9"], fresh=True)
-    check_waves(run_dir, start, stopped, roles, summary)
+        [*RAY_EXTRA, "replay.error_buffer=1e9"],  # the limiter lets it run while the learner hangs
+        fresh=True, start_up="RolloutWorker")
+    check_start_up(run_dir, start, starting)
+    check_waves(run_dir, start, stopped, roles, summary, starting)
     rows = list(csv.DictReader(open(os.path.join(run_dir, "metrics.csv"))))
     hung_at = min(when for _, _, when, _ in stopped[0]) - start
     during = [int(r["env_steps"]) for r in rows if hung_at + 0.5 < float(r["wall_s"]) < hung_at + 3]
@@ -269,44 +311,6 @@ def test_async_mode_hangs_at_the_defaults(ray_session, tmp_path):
     assert summary["replay_refilled_items"] > 0, summary
     check_written(run_dir, summary, last_taken=False)
     went_on(run_dir, start, stopped)
-
-
-def test_a_role_stopped_in_its_start_up_is_found_hung(ray_session, tmp_path):
-    """A rollout worker SIGSTOPped while its constructor runs (its sign of life begun, its heartbeat not yet
-    answered) is found hung as fast as one stopped later, not at fault.start_timeout_s: ended, restarted,
-    counted once, and the run goes on with it."""
-    from ray.experimental.internal_kv import _internal_kv_list
-
-    run_dir, stopped, done = str(tmp_path / "run"), [], threading.Event()
-    before = snapshot("RolloutWorker")
-
-    def stop_one_starting():
-        while not done.is_set() and not stopped:
-            starting = {int(v.split()[0]) for v in (_life(k) for k in _internal_kv_list(b"distrl-life:")) if v}
-            workers = set(new_pids("RolloutWorker", before)) & starting
-            if workers:
-                pid = min(workers)
-                os.kill(pid, signal.SIGSTOP)
-                stopped.append((pid, time.time(), started_at(pid)))
-            time.sleep(0.05)
-
-    thread = threading.Thread(target=stop_one_starting, daemon=True)
-    start = time.time()
-    thread.start()
-    try:
-        summary = train(CARTPOLE, run_dir=run_dir, start_time=start, overrides=[
-            "mode=async", "workers=2", "stop.max_seconds=35", "seed=0", *RUN])
-    finally:
-        done.set()
-        for pid, _, ticks in stopped:
-            resume_if_stopped(pid, ticks)
-    assert stopped, "no worker was seen starting"
-    stopped_at = stopped[0][1] - start
-    lines = [e for e in fault_events(run_dir) if " hung in its start-up (no sign of life for 5 s), ended, restarted in " in e[1]]
-    assert len(lines) == 1 and lines[0][1].startswith("worker "), fault_events(run_dir)
-    assert ended_at(lines[0]) - stopped_at < FOUND_S, (stopped_at, lines)
-    assert summary["worker_restarts"] == 1 and summary["failure"] is None, summary
-    went_on(run_dir, start, [[(None, None, stopped[0][1], None)], []])
 
 
 def _life(key: bytes):
