@@ -67,9 +67,12 @@ def assign(tree: Tree, idx, value: Tree) -> None:
     """`leaf[idx] = value's leaf`, for every leaf, in place."""
     if isinstance(tree, np.ndarray):
         tree[idx] = value
-        return
-    for dst, src in zip(optree.tree_leaves(tree), optree.tree_leaves(value)):
-        dst[idx] = src
+    elif isinstance(tree, dict):  # walked here: two optree flattens per call cost more for a Dict of a few leaves
+        for k, dst in tree.items():
+            assign(dst, idx, value[k])
+    else:
+        for dst, src in zip(optree.tree_leaves(tree), optree.tree_leaves(value)):
+            dst[idx] = src
 
 
 def empty(lead: tuple[int, ...], like: Tree) -> Tree:
@@ -103,6 +106,8 @@ def all_finite(tree: Tree) -> bool:
     """No NaN or infinity in any float leaf."""
     if isinstance(tree, np.ndarray):
         return bool(np.isfinite(tree).all()) if tree.dtype.kind == "f" else True
+    if isinstance(tree, dict):
+        return all(all_finite(v) for v in tree.values())
     return all(np.isfinite(x).all() for x in optree.tree_leaves(tree) if np.asarray(x).dtype.kind == "f")
 
 

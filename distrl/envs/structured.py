@@ -45,10 +45,11 @@ def structured(env: gym.Env, env_id: str, obs_keys: list | None, action_mask: st
     leaf checked and stored as arrays; a flat env without a mask comes back as it is."""
     if obs_keys is not None:
         env = _select(env, env_id, obs_keys)
+    flat = not tree.is_structured(env.observation_space)
     source = _mask_source(env, env_id, action_mask)
     if source != "none":
         env = MaskedObservation(env, env_id, source)
-    if not tree.is_structured(env.observation_space):
+    if flat:  # {obs, action_mask} of arrays, as MaskedObservation makes it: nothing to convert or check
         return env
     odd = _odd_key(env.observation_space)
     if odd is not None:
@@ -139,19 +140,22 @@ class MaskedObservation(gym.Wrapper, gym.utils.RecordConstructorArgs):
         return self._with_mask(obs, info), reward, terminated, truncated, info
 
     def _with_mask(self, obs, info):
-        where = f"{self.env_id} at step {self.steps} of its episode"
         if self.source == "obs":
             raw = obs[MASK_KEY]
         elif MASK_KEY not in info:
+            where = f"{self.env_id} at step {self.steps} of its episode"
             raise MaskError(f"config key 'env.action_mask': info has no {MASK_KEY!r} ({where})")
         else:
             raw = info[MASK_KEY]
         mask = np.asarray(raw)
         if mask.shape != (self.size,) or mask.dtype.kind not in "biu":
+            where = f"{self.env_id} at step {self.steps} of its episode"
             raise MaskError(f"config key 'env.action_mask': {where} gives a mask shaped {mask.shape} ({mask.dtype}); "
                             f"its actions {self.env.action_space} take {self.size} ones and zeros (bool or int)")
-        mask = (mask != 0).astype(np.int8)
+        if mask.dtype != np.int8 or mask.max() > 1 or mask.min() < 0:
+            mask = (mask != 0).astype(np.int8)
         if not mask.any():
+            where = f"{self.env_id} at step {self.steps} of its episode"
             raise MaskError(f"{where}: the action mask allows no action")
         if self.source == "obs" or isinstance(obs, dict):
             return {**obs, MASK_KEY: mask}
