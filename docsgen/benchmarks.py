@@ -85,11 +85,31 @@ def headline_rows() -> list[tuple[str, str, str, str]]:
         ("Ape-X DQN on Atari Breakout, one hour", f"best eval {hour['best_eval_return']} after "
          f"{hour['env_steps'] / 1e3:,.0f}k agent steps (4 frames each: {hour['env_steps'] * 4 / 1e6:.2f}M frames)", "",
          "atari_breakout_60min"),
+        _taxi_ppo_row(),
+        ("Ape-X DQN on Taxi-v4 with its action mask (7.0)",
+         f"{_solved(solve_median('solve_apex_dqn_taxi_masked.json'))}; "
+         f"{_unmasked(solve_median('solve_apex_dqn_taxi_unmasked.json'))}", "",
+         "solve_apex_dqn_taxi_masked, solve_apex_dqn_taxi_unmasked"),
         _sb3_mujoco_row("sac_halfcheetah", "SAC reaches 5,000 on HalfCheetah-v5"),
         _sb3_mujoco_row("ppo_hopper", "PPO reaches 2,000 on Hopper-v5 (normalized)", same="ppo_hopper_same"),
         (f"{soak['minutes']:.0f} minutes of an async run, its learner and parameter server killed",
          f"every role's memory within {growth:.1f}% of its size after warm-up; {kept}", "", "soak"),
     ]
+
+
+def _unmasked(m: dict) -> str:
+    return f"with env.action_mask=none: {m['solved']}/{m['runs']} seeds within {_s(m['budget_s'])}"
+
+
+def _taxi_ppo_row() -> tuple[str, str, str, str]:
+    """PPO with Taxi's action mask against sb3-contrib's MaskablePPO, and without the mask."""
+    summary = load("sb3_taxi_masked.json")["summary"]
+    ours = summary["distrl"]
+    distrl = (f"{ours['solved']}/{ours['runs']} seeds, median {_s(ours['median_time_to_solve_s'])}; "
+              f"{_unmasked(solve_median('solve_ppo_taxi_unmasked.json'))}")
+    return ("PPO on Taxi-v4 with its action mask (7.0)", distrl,
+            f"sb3-contrib MaskablePPO, distrl's settings and the same mask: {_sb3_times(summary)}",
+            "sb3_taxi_masked, solve_ppo_taxi_unmasked")
 
 
 def _sb3_times(summary: dict) -> str:

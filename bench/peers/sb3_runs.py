@@ -1,4 +1,4 @@
-"""Stable-Baselines3 against distrl, same criterion, same clock: the harness both SB3 peers share.
+"""Stable-Baselines3 against distrl, same criterion, same clock: the harness the SB3 peers share.
 
 A peer module (`bench.peers.sb3_minatar`, `bench.peers.sb3_cartpole`) names a distrl config and builds
 its SB3 model; this module runs both sides seed by seed, alternating, each a fresh process timed from its
@@ -37,17 +37,29 @@ def child_args(extra: dict[str, dict] | None = None) -> argparse.Namespace:
     return args
 
 
-def evaluate(model, envs, seed: int, normalize_obs=None) -> float:
-    """Mean return of one greedy episode per env, env i seeded seed + i; `normalize_obs`: what the policy
-    sees of an observation (VecNormalize's frozen statistics; None: the observation itself)."""
+def stack(observations: list):
+    """One batch of observations: arrays stacked; a Dict observation's keys stacked each."""
     import numpy as np
 
-    obs = np.stack([env.reset(seed=seed + i)[0] for i, env in enumerate(envs)])
+    if isinstance(observations[0], dict):
+        return {k: np.stack([o[k] for o in observations]) for k in observations[0]}
+    return np.stack(observations)
+
+
+def evaluate(model, envs, seed: int, normalize_obs=None, action_masks=None) -> float:
+    """Mean return of one greedy episode per env, env i seeded seed + i; `normalize_obs`: what the policy
+    sees of an observation (VecNormalize's frozen statistics; None: the observation itself);
+    `action_masks(env)`: an env's legal actions now, passed to `predict` (MaskablePPO; None: no mask)."""
+    import numpy as np
+
+    obs = [env.reset(seed=seed + i)[0] for i, env in enumerate(envs)]
     returns, running = np.zeros(len(envs)), np.ones(len(envs), bool)
     while running.any():
         rows = np.flatnonzero(running)
-        seen = obs[rows] if normalize_obs is None else normalize_obs(obs[rows])
-        actions, _ = model.predict(seen, deterministic=True)
+        seen = stack([obs[i] for i in rows])
+        seen = seen if normalize_obs is None else normalize_obs(seen)
+        masks = {} if action_masks is None else {"action_masks": np.stack([action_masks(envs[i]) for i in rows])}
+        actions, _ = model.predict(seen, deterministic=True, **masks)
         for i, a in zip(rows, actions):
             obs[i], reward, term, trunc, _ = envs[i].step(a)
             returns[i] += reward
@@ -56,12 +68,12 @@ def evaluate(model, envs, seed: int, normalize_obs=None) -> float:
 
 
 def run_child(model, make_env, args, start: float, total_timesteps: int, first_eval_after: int = 0,
-              normalize_obs=None) -> None:
+              normalize_obs=None, action_masks=None) -> None:
     """Train `model` until the criterion is met or the budget spent; print one JSON line of the run.
 
     `start` is the child's clock, read before its imports; no evaluation before `first_eval_after` env
     steps (an off-policy learner's first update: distrl's first evaluation also waits for one);
-    `normalize_obs`: `evaluate`'s."""
+    `normalize_obs`, `action_masks`: `evaluate`'s."""
     import numpy as np
     import stable_baselines3
     from stable_baselines3.common.callbacks import BaseCallback
@@ -79,7 +91,7 @@ def run_child(model, make_env, args, start: float, total_timesteps: int, first_e
             if self.model.num_timesteps <= first_eval_after or time.time() - self.last_eval < args.interval_s:
                 return True
             seed = args.seed + EVAL_SEED_OFFSET + self.evaluations * args.episodes
-            mean = evaluate(self.model, self.envs, seed, normalize_obs)
+            mean = evaluate(self.model, self.envs, seed, normalize_obs, action_masks)
             self.evaluations += 1
             self.last_eval = time.time()
             self.curve.append([self.last_eval - start, mean])
@@ -167,6 +179,8 @@ def compare(module: str, config: str, argv_extra: dict[str, dict], child_extra, 
     ap.add_argument("--budget-s", type=float, help="default: the config's stop.max_seconds")
     ap.add_argument("--no-ours", action="store_true", help="SB3 only")
     ap.add_argument("--no-sb3", action="store_true", help="distrl only")
+    ap.add_argument("--ours-from", metavar="JSON", help="distrl's runs of these seeds copied from another result "
+                    "of the same config (another SB3 row against the same distrl runs), not re-run")
     ap.add_argument("--lock", help="run each run under `flock LOCK` (a machine shared with other heavy jobs)")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", out_name))
     for name, kwargs in argv_extra.items():
@@ -175,10 +189,16 @@ def compare(module: str, config: str, argv_extra: dict[str, dict], child_extra, 
     cfg = load_config(os.path.join(ROOT, config))
     budget = args.budget_s or cfg.stop.max_seconds
     prefix = ("flock", args.lock) if args.lock else ()
-    sides = [s for s, skip in (("distrl", args.no_ours), ("sb3", args.no_sb3)) if not skip]
+    sides = [s for s, skip in (("distrl", args.no_ours or args.ours_from), ("sb3", args.no_sb3)) if not skip]
     # The file keeps the runs of sides and seeds not re-run, and is written after every run.
     old = json.load(open(args.out))["runs"] if os.path.exists(args.out) else []
     runs = [r for r in old if not (r["side"] in sides and r["seed"] in args.seeds)]
+    if args.ours_from:
+        src = json.load(open(args.ours_from))
+        assert src["config"] == config, f"{args.ours_from} is a result of {src['config']}, not {config}"
+        runs = [r for r in runs if not (r["side"] == "distrl" and r["seed"] in args.seeds)]
+        runs += [{**r, "copied_from": os.path.relpath(args.ours_from, ROOT)} for r in src["runs"]
+                 if r["side"] == "distrl" and r["seed"] in args.seeds]
 
     commit = hardware()["commit"]
 
