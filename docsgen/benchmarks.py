@@ -85,6 +85,7 @@ def headline_rows() -> list[tuple[str, str, str, str]]:
         ("Ape-X DQN on Atari Breakout, one hour", f"best eval {hour['best_eval_return']} after "
          f"{hour['env_steps'] / 1e3:,.0f}k agent steps (4 frames each: {hour['env_steps'] * 4 / 1e6:.2f}M frames)", "",
          "atari_breakout_60min"),
+        _minigrid_row(),
         _taxi_ppo_row(),
         ("Ape-X DQN on Taxi-v4 with its action mask (7.0)",
          f"{_solved(solve_median('solve_apex_dqn_taxi_masked.json'))}; "
@@ -99,6 +100,16 @@ def headline_rows() -> list[tuple[str, str, str, str]]:
 
 def _unmasked(m: dict) -> str:
     return f"with env.action_mask=none: {m['solved']}/{m['runs']} seeds within {_s(m['budget_s'])}"
+
+
+def _minigrid_row() -> tuple[str, str, str, str]:
+    """PPO on MiniGrid's Dict observation against SB3 PPO with rl-zoo's settings for the env."""
+    data = load("sb3_minigrid.json")
+    summary, budget = data["summary"], data["budget_s"]
+    ours = summary["distrl"]
+    return ("PPO on MiniGrid-DoorKey-5x5 (Dict observation, 0.9)",
+            f"{ours['solved']}/{ours['runs']} seeds, median {_s(ours['median_unsolved_as_budget_s'])} of {_s(budget)}",
+            f"Stable-Baselines3 PPO, rl-zoo settings: {_sb3_against(summary, budget)}", "sb3_minigrid")
 
 
 def _taxi_ppo_row() -> tuple[str, str, str, str]:

@@ -1,0 +1,102 @@
+"""Stable-Baselines3 PPO against distrl's PPO on MiniGrid-DoorKey-5x5-v0, same criterion, same clock.
+
+    python -m bench.peers.sb3_minigrid [--policy flat|multi-input] [--seeds 0 1 2] [--budget-s 600]
+                                       [--no-ours | --no-sb3] [--lock LOCK] [--out PATH]
+
+Per seed, each a fresh process (`bench/peers/sb3_runs.py` runs and times both sides, alternating):
+`distrl train configs/ppo_minigrid_doorkey.yaml` (single mode, the Dict observation's image and direction,
+no TensorBoard) and this module in child mode, SB3 2.9's PPO on one torch thread. Criterion, from the
+config: every eval.interval_s (5 s) of wall time, 20 greedy episodes (MiniGrid's own limit of 250 steps);
+solved at the first mean return >= 0.9; unsolved after the budget (600 s). Requires `pip install -e
+.[peers]` and minigrid (in the dev environment).
+
+SB3's side: rl-baselines3-zoo's PPO for MiniGrid-DoorKey-5x5-v0 (hyperparams/ppo.yml, its minigrid
+defaults): VecNormalize (observations and rewards, clip 10, its gamma the algorithm's), 8 envs in a
+DummyVecEnv, n_steps 128 (1,024 per update), batch_size 64, 10 epochs, gamma 0.99, GAE lambda 0.95,
+Adam 2.5e-4, clip 0.2, no entropy bonus, SB3's defaults otherwise (vf_coef 0.5, max_grad_norm 0.5,
+separate 64x64 tanh actor and critic). rl-zoo trains for 1e5 steps; nothing here anneals, so the run is
+not cut short by a step count: it ends when solved or at the budget. Greedy evaluation: envs built as the
+training env's, observations normalized with VecNormalize's statistics of the moment, frozen (rl-zoo's
+own evaluation's), raw rewards. Observation:
+- `--policy flat` (rl-zoo's, the main row): minigrid's FlatObsWrapper (the 7x7x3 view and the mission
+  string one-hot, 2,835 uint8 entries; no direction) and MlpPolicy;
+- `--policy multi-input`: the Dict observation distrl acts on (gymnasium's FilterObservation keeps image
+  and direction, the mission dropped) and MultiInputPolicy, rl-zoo's numbers otherwise. The image is
+  cast to float32 so that SB3 flattens it (as distrl's `encoders: {image: flat}` does) instead of giving a
+  7x7 view to its NatureCNN, which does not fit one; VecNormalize normalizes the image (a Discrete
+  cannot be), the direction is one-hot.
+distrl's config: 16 envs x 128 steps, 10 epochs of 8 minibatches (256 each), Adam 2.5e-4, gamma 0.99,
+GAE lambda 0.95, no entropy bonus, no observation or reward normalization, 64x64 tanh torsos (unshared).
+JSON: bench/results/sb3_minigrid.json (flat), sb3_minigrid_multi_input.json (multi-input).
+"""
+from __future__ import annotations
+
+import time
+
+START = time.time()  # the child's clock: before any import, as distrl's cli starts its own
+
+from bench.peers.sb3_runs import child_args, compare, run_child  # noqa: E402
+
+CONFIG = "configs/ppo_minigrid_doorkey.yaml"
+ENV_ID = "MiniGrid-DoorKey-5x5-v0"
+N_ENVS = 8
+HYPERPARAMETERS = dict(n_steps=128, batch_size=64, n_epochs=10, gamma=0.99, gae_lambda=0.95, learning_rate=2.5e-4,
+                       clip_range=0.2, ent_coef=0.0)
+TOTAL_TIMESTEPS = 10**9  # never reached within the budget
+POLICIES = {"flat": "MlpPolicy", "multi-input": "MultiInputPolicy"}
+OPTIONS = {"--policy": dict(choices=sorted(POLICIES), default="flat",
+                            help="flat: rl-zoo's FlatObsWrapper and MlpPolicy; multi-input: the Dict observation")}
+
+
+def make_env_fn(policy: str):
+    """The env constructor of `policy`'s observation (training and evaluation alike)."""
+    import gymnasium as gym
+    import minigrid  # noqa: F401 - registers the MiniGrid ids
+    import numpy as np
+    from gymnasium import spaces
+
+    def flat():
+        from minigrid.wrappers import FlatObsWrapper
+
+        return FlatObsWrapper(gym.make(ENV_ID))
+
+    def multi_input():
+        env = gym.wrappers.FilterObservation(gym.make(ENV_ID), ["image", "direction"])
+        image = env.observation_space["image"]
+        space = spaces.Dict({**env.observation_space.spaces, "image": spaces.Box(0.0, 255.0, image.shape, np.float32)})
+        return gym.wrappers.TransformObservation(env, lambda o: {**o, "image": o["image"].astype(np.float32)}, space)
+
+    return flat if policy == "flat" else multi_input
+
+
+def child(args) -> None:
+    """One SB3 run in this process; prints one JSON line."""
+    import torch
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    torch.set_num_threads(1)
+    make_env = make_env_fn(args.policy)
+    keys = {"norm_obs_keys": ["image"]} if args.policy == "multi-input" else {}
+    envs = VecNormalize(make_vec_env(make_env, n_envs=N_ENVS, seed=args.seed), gamma=HYPERPARAMETERS["gamma"], **keys)
+    model = PPO(POLICIES[args.policy], envs, **HYPERPARAMETERS, seed=args.seed, device="cpu", verbose=0)
+    run_child(model, make_env, args, START, TOTAL_TIMESTEPS, normalize_obs=envs.normalize_obs)
+
+
+def settings(args) -> dict:
+    return {"policy": POLICIES[args.policy], "observation": {"flat": "minigrid FlatObsWrapper",
+                                                             "multi-input": "Dict image (float32) + direction"}[args.policy],
+            "n_envs": N_ENVS, **HYPERPARAMETERS, "VecNormalize": {"gamma": HYPERPARAMETERS["gamma"]},
+            "settings": "rl-zoo hyperparams/ppo.yml MiniGrid-DoorKey-5x5-v0"}
+
+
+if __name__ == "__main__":
+    import sys
+
+    if "--child" in sys.argv:
+        child(child_args(OPTIONS))
+    else:
+        multi = "--policy" in sys.argv and sys.argv[sys.argv.index("--policy") + 1] == "multi-input"
+        compare(__spec__.name, CONFIG, OPTIONS, lambda args, cfg: ["--policy", args.policy], settings,
+                "sb3_minigrid_multi_input.json" if multi else "sb3_minigrid.json")
