@@ -112,5 +112,6 @@ def check_torso(torso: nn.Module, space, name: str) -> None:
     want = (tree.rows(obs), torso.out_features)
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != want or not out.is_floating_point():
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise TorsoError(f"config key 'model.torso': {name} must map observations {_shown(obs)} to "
+        shapes = f"shaped {tuple(obs.shape)}" if isinstance(obs, torch.Tensor) else _shown(obs)
+        raise TorsoError(f"config key 'model.torso': {name} must map observations {shapes} to "
                          f"float features shaped {want} (out_features), got {got}")
