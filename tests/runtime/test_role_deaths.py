@@ -53,6 +53,7 @@ def killer(run_dir: str, log: list) -> None:
     log.append(("learner", time.time(), None))
     wait(lambda: newest_checkpoint_updates(run_dir) not in (None, 0))
     time.sleep(1.0)
+    wait(lambda: bool(pids_of("Learner")))  # the restarted learner's process, once Ray has started it
     learner = pids_of("Learner")[0]
     os.kill(learner, signal.SIGSTOP)
     at_checkpoint = newest_checkpoint_updates(run_dir)  # none completes while the learner is stopped
