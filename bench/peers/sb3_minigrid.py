@@ -1,6 +1,6 @@
 """Stable-Baselines3 PPO against distrl's PPO on MiniGrid-DoorKey-5x5-v0, same criterion, same clock.
 
-    python -m bench.peers.sb3_minigrid [--policy flat|multi-input] [--seeds 0 1 2] [--budget-s 600]
+    python -m bench.peers.sb3_minigrid [--policy flat|multi-input|flat-uint8] [--seeds 0 1 2] [--budget-s 600]
                                        [--no-ours | --no-sb3] [--lock LOCK] [--out PATH]
 
 Per seed, each a fresh process (`bench/peers/sb3_runs.py` runs and times both sides, alternating):
@@ -19,7 +19,12 @@ not cut short by a step count: it ends when solved or at the budget. Greedy eval
 training env's, observations normalized with VecNormalize's statistics of the moment, frozen (rl-zoo's
 own evaluation's), raw rewards. Observation:
 - `--policy flat` (rl-zoo's, the main row): minigrid's FlatObsWrapper (the 7x7x3 view and the mission
-  string one-hot, 2,835 uint8 entries; no direction) and MlpPolicy;
+  string one-hot, 2,835 entries; no direction), cast to float32, and MlpPolicy. The cast is needed on SB3
+  2.9: its RolloutBuffer stores observations in the observation space's dtype, and VecNormalize keeps a
+  uint8 space that is not an image, so the normalized observations PPO trains on would be cast back to
+  uint8 (truncated, negatives wrapped) while it acts on the right ones;
+- `--policy flat-uint8`: the same without the cast, as rl-zoo's settings run on SB3 2.9 unchanged. Its
+  training return falls to 0 within about 65k steps (seed 0) and no seed solves within 600 s;
 - `--policy multi-input`: the Dict observation distrl acts on (gymnasium's FilterObservation keeps image
   and direction, the mission dropped) and MultiInputPolicy, rl-zoo's numbers otherwise. The image is
   cast to float32 so that SB3 flattens it (as distrl's `encoders: {image: flat}` does) instead of giving a
@@ -27,7 +32,9 @@ own evaluation's), raw rewards. Observation:
   cannot be), the direction is one-hot.
 distrl's config: 16 envs x 128 steps, 10 epochs of 8 minibatches (256 each), Adam 2.5e-4, gamma 0.99,
 GAE lambda 0.95, no entropy bonus, no observation or reward normalization, 64x64 tanh torsos (unshared).
-JSON: bench/results/sb3_minigrid.json (flat), sb3_minigrid_multi_input.json (multi-input).
+`--ours-from bench/results/sb3_minigrid.json` (sb3_runs' option) compares another row against the flat
+row's distrl runs without re-running them.
+JSON: bench/results/sb3_minigrid.json (flat), sb3_minigrid_multi_input.json, sb3_minigrid_flat_uint8.json.
 """
 from __future__ import annotations
 
@@ -43,9 +50,12 @@ N_ENVS = 8
 HYPERPARAMETERS = dict(n_steps=128, batch_size=64, n_epochs=10, gamma=0.99, gae_lambda=0.95, learning_rate=2.5e-4,
                        clip_range=0.2, ent_coef=0.0)
 TOTAL_TIMESTEPS = 10**9  # never reached within the budget
-POLICIES = {"flat": "MlpPolicy", "multi-input": "MultiInputPolicy"}
+POLICIES = {"flat": "MlpPolicy", "multi-input": "MultiInputPolicy", "flat-uint8": "MlpPolicy"}
+OBSERVATIONS = {"flat": "minigrid FlatObsWrapper, float32", "multi-input": "Dict image (float32) + direction",
+                "flat-uint8": "minigrid FlatObsWrapper, uint8 as it comes"}
 OPTIONS = {"--policy": dict(choices=sorted(POLICIES), default="flat",
-                            help="flat: rl-zoo's FlatObsWrapper and MlpPolicy; multi-input: the Dict observation")}
+                            help="flat: rl-zoo's FlatObsWrapper (float32) and MlpPolicy; multi-input: the Dict "
+                                 "observation; flat-uint8: FlatObsWrapper's uint8 kept")}
 
 
 def make_env_fn(policy: str):
@@ -55,10 +65,14 @@ def make_env_fn(policy: str):
     import numpy as np
     from gymnasium import spaces
 
-    def flat():
+    def flat(cast: bool = True):
         from minigrid.wrappers import FlatObsWrapper
 
-        return FlatObsWrapper(gym.make(ENV_ID))
+        env = FlatObsWrapper(gym.make(ENV_ID))
+        if not cast:
+            return env
+        space = spaces.Box(0.0, 255.0, env.observation_space.shape, np.float32)
+        return gym.wrappers.TransformObservation(env, lambda o: o.astype(np.float32), space)
 
     def multi_input():
         env = gym.wrappers.FilterObservation(gym.make(ENV_ID), ["image", "direction"])
@@ -66,7 +80,7 @@ def make_env_fn(policy: str):
         space = spaces.Dict({**env.observation_space.spaces, "image": spaces.Box(0.0, 255.0, image.shape, np.float32)})
         return gym.wrappers.TransformObservation(env, lambda o: {**o, "image": o["image"].astype(np.float32)}, space)
 
-    return flat if policy == "flat" else multi_input
+    return {"flat": flat, "multi-input": multi_input, "flat-uint8": lambda: flat(cast=False)}[policy]
 
 
 def child(args) -> None:
@@ -85,9 +99,7 @@ def child(args) -> None:
 
 
 def settings(args) -> dict:
-    return {"policy": POLICIES[args.policy], "observation": {"flat": "minigrid FlatObsWrapper",
-                                                             "multi-input": "Dict image (float32) + direction"}[args.policy],
-            "n_envs": N_ENVS, **HYPERPARAMETERS, "VecNormalize": {"gamma": HYPERPARAMETERS["gamma"]},
+    return {"policy": POLICIES[args.policy], "observation": OBSERVATIONS[args.policy], "n_envs": N_ENVS, **HYPERPARAMETERS, "VecNormalize": {"gamma": HYPERPARAMETERS["gamma"]},
             "settings": "rl-zoo hyperparams/ppo.yml MiniGrid-DoorKey-5x5-v0"}
 
 
@@ -97,6 +109,6 @@ if __name__ == "__main__":
     if "--child" in sys.argv:
         child(child_args(OPTIONS))
     else:
-        multi = "--policy" in sys.argv and sys.argv[sys.argv.index("--policy") + 1] == "multi-input"
-        compare(__spec__.name, CONFIG, OPTIONS, lambda args, cfg: ["--policy", args.policy], settings,
-                "sb3_minigrid_multi_input.json" if multi else "sb3_minigrid.json")
+        policy = sys.argv[sys.argv.index("--policy") + 1] if "--policy" in sys.argv else "flat"
+        out = "sb3_minigrid.json" if policy == "flat" else f"sb3_minigrid_{policy.replace('-', '_')}.json"
+        compare(__spec__.name, CONFIG, OPTIONS, lambda args, cfg: ["--policy", args.policy], settings, out)
