@@ -35,13 +35,9 @@ def leaves(tree: Tree) -> list:
     return optree.tree_leaves(tree)
 
 
-def first_leaf(tree: Tree):
-    return optree.tree_leaves(tree)[0]
-
-
 def rows(tree: Tree) -> int:
     """The size of the leading axis (every leaf's)."""
-    return len(first_leaf(tree))
+    return len(optree.tree_leaves(tree)[0])
 
 
 def stack(trees: list[Tree]) -> Tree:
@@ -109,10 +105,6 @@ def all_finite(tree: Tree) -> bool:
     if isinstance(tree, dict):
         return all(all_finite(v) for v in tree.values())
     return all(np.isfinite(x).all() for x in optree.tree_leaves(tree) if np.asarray(x).dtype.kind == "f")
-
-
-def same_structure(a: Tree, b: Tree) -> bool:
-    return optree.tree_structure(a) == optree.tree_structure(b)
 
 
 def structure_text(tree: Tree) -> str:
