@@ -45,6 +45,7 @@ def validate(cfg: Config, address: str | None = None, resuming: bool = False) ->
     from distrl.roles.factory import make_algorithm
 
     _check_torsos(make_algorithm(cfg, spec), cfg.model)
+    _check_recurrence(cfg, algo)
     _check_normalize(cfg.env.normalize, algo.multi_agent, bool(cfg.data.dataset), cfg.rollout.inference)
     _check_datasets(cfg, algo, spec, resuming)
     if cfg.eval.epsilon > 0.0 and algo.multi_agent:
@@ -73,6 +74,22 @@ def validate(cfg: Config, address: str | None = None, resuming: bool = False) ->
 
         # Last: it joins (or starts) the Ray the run will use.
         check_placement(roster(cfg, bool(address)), address, user_modules(cfg.model))
+
+
+def _check_recurrence(cfg: Config, algo) -> None:
+    """rollout.recurrence for an on-policy core only, dividing the fragments it cuts."""
+    core = getattr(cfg.model, "core", "none")
+    recurrence = cfg.rollout.recurrence
+    if recurrence is not None and (core == "none" or algo.data_path not in ("trajectory", "gradients")):
+        raise ConfigError("config key 'rollout.recurrence': it cuts fragments into trained sequences for an "
+                          f"on-policy learner with a model.core; this {cfg.algo} run has none (leave it null)")
+    if recurrence is not None and cfg.rollout.fragment_length % recurrence:
+        raise ConfigError(f"config key 'rollout.recurrence': {recurrence} does not divide "
+                          f"rollout.fragment_length {cfg.rollout.fragment_length} (each fragment is cut into "
+                          "whole sequences)")
+    if core != "none" and algo.data_path in ("trajectory", "gradients") and cfg.external.enabled:
+        raise ConfigError(f"config key 'model.core': simulators (external.enabled) act with a stateless policy; "
+                          f"{cfg.algo} with a {core} core acts with a state per episode (use model.core: none)")
 
 
 def _check_replay(cfg: Config, spec, on_this_machine: bool, memory: int | None = None) -> None:

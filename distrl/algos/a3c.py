@@ -41,10 +41,11 @@ class A3CPolicy(ActorCriticPolicy):
     def __init__(self, algo, worker_index: int, num_workers: int, seed: int):
         super().__init__(algo, worker_index, num_workers, seed)
         self.net.requires_grad_(True)
+        self.recurrence = algo.recurrence
 
     def postprocess(self, traj: Trajectory) -> tuple[Batch, None]:
         items, _ = super().postprocess(traj)
-        loss, terms = a2c_loss(self.net, time_major(items, "cpu"), self.cfg)
+        loss, terms = a2c_loss(self.net, time_major(items, "cpu"), self.cfg, self.recurrence)
         self.net.zero_grad(set_to_none=True)
         loss.backward()
         msg = {f"grad/{name}": (p.grad.numpy().astype(np.float32, copy=True) if p.grad is not None
@@ -71,6 +72,8 @@ class A3CLearner(ActorCriticLearner):
         terms = {k: float(batch[k][0]) for k in _TERMS}
         loss = terms["loss_policy"] + c.vf_coef * terms["loss_value"] - c.ent_coef * terms["entropy"]
         out = {"loss": loss, **terms, "staleness": staleness}
+        if "sequences_cut" in batch:  # a recurrent core's
+            out["sequences_cut"] = float(batch["sequences_cut"][0])
         if staleness > c.max_staleness:
             self.dropped += 1
             return {**out, "dropped": 1, "dropped_total": self.dropped}

@@ -28,9 +28,9 @@ from distrl import tree
 from distrl.algos.common import HALF_LOG_2PI, NetworkAlgorithm, adam, as_tensors, guarded_step, load_optimizer_state
 from distrl.algos.sharding import ShardedLearner, Step
 from distrl.config.fields import f
-from distrl.config.sections import ModelConfig
+from distrl.config.sections import OptionalCoreModelConfig
 from distrl.core import Batch, Learner
-from distrl.models import make_torso
+from distrl.models import RecurrentCore, make_torso
 from distrl.models.masking import apply_mask
 from distrl.sampling import Factors
 
@@ -39,7 +39,8 @@ from distrl.sampling import Factors
 class ActorCriticConfig:
     """What A2C, A3C, PPO and IMPALA share; each has its own section with its own extra keys."""
 
-    shared_torso: bool = f(False, "policy and value heads share one torso")
+    shared_torso: bool = f(False, "policy and value heads share one torso (with model.core they always share "
+                           "the torso and core)")
     gamma: float = f(0.99, "discount factor", lo=0.0, hi=1.0)
     lr: float = f(3e-4, "Adam learning rate", lo=0.0, lo_open=True)
     vf_coef: float = f(0.5, "value loss coefficient", lo=0.0)
@@ -107,14 +108,18 @@ class DiagGaussian:
 # --- network ----------------------------------------------------------------------
 class ActorCriticNet(nn.Module):
     """obs -> (action distribution, V(obs)); separate torsos, or one shared by both heads. `factors`: a
-    MultiDiscrete or MultiBinary action's (`out_dim` is then sum(nvec))."""
+    MultiDiscrete or MultiBinary action's (`out_dim` is then sum(nvec)). With a recurrent `core` (one torso,
+    `v_torso` None) both heads read the core's output, so each env has one state (`distrl.models.cores`)."""
 
     def __init__(self, pi_torso: nn.Module, v_torso: nn.Module | None, out_dim: int, box: bool,
-                 factors: Factors | None = None):
+                 factors: Factors | None = None, core: RecurrentCore | None = None):
         super().__init__()
-        self.pi_torso, self.v_torso = pi_torso, v_torso
-        self.pi_head = nn.Linear(pi_torso.out_features, out_dim)
-        self.v_head = nn.Linear((v_torso or pi_torso).out_features, 1)
+        if core is not None and v_torso is not None:
+            raise ValueError("a recurrent actor-critic shares its torso and core between both heads")
+        self.pi_torso, self.v_torso, self.core = pi_torso, v_torso, core
+        width = pi_torso.out_features if core is None else core.out_features
+        self.pi_head = nn.Linear(width, out_dim)
+        self.v_head = nn.Linear(width if v_torso is None else v_torso.out_features, 1)
         # A small policy head starts near-uniform (categoricals) or near-zero mean (Box).
         with torch.no_grad():
             self.pi_head.weight.mul_(0.01)
@@ -130,47 +135,135 @@ class ActorCriticNet(nn.Module):
             return FactoredCategorical(out, self.factor_index, self.factor_start)
         return Categorical(out) if self.log_std is None else DiagGaussian(out, self.log_std)
 
+    def _outputs(self, h: torch.Tensor, hv: torch.Tensor, obs) -> tuple[torch.Tensor, torch.Tensor]:
+        return apply_mask(self.pi_head(h), tree.mask_of(obs)), self.v_head(hv).squeeze(-1)
+
     def heads(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(policy head output: logits, masked where the observation has an action mask, or Gaussian mean,
-        V(obs))."""
+        V(obs)) of a feedforward net."""
         h = self.pi_torso(obs)
-        hv = h if self.v_torso is None else self.v_torso(obs)
-        return apply_mask(self.pi_head(h), tree.mask_of(obs)), self.v_head(hv).squeeze(-1)
+        return self._outputs(h, h if self.v_torso is None else self.v_torso(obs), obs)
 
     def forward(self, obs: torch.Tensor):
         out, value = self.heads(obs)
         return self._dist(out), value
 
-    def act_outputs(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
-        """What acting samples from: the head's output, V(obs) and, for Box actions, the Gaussian's log-std."""
-        out, value = self.heads(obs)
+    def _named(self, out: torch.Tensor, value: torch.Tensor) -> dict[str, torch.Tensor]:
         if self.log_std is None:
             return {"out": out, "value": value}
         return {"out": out, "value": value, "log_std": self.log_std.expand_as(out)}
+
+    def act_outputs(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
+        """What acting samples from: the head's output, V(obs) and, for Box actions, the Gaussian's log-std."""
+        return self._named(*self.heads(obs))
+
+    def act_step(self, obs: torch.Tensor, state: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """A recurrent net's `act_outputs` of one step from `state` (B, S, C), and the state after it."""
+        h, after = self.core.step(self.pi_torso(obs), state)
+        return self._named(*self._outputs(h, h, obs)), after
+
+    def unroll(self, obs, state: torch.Tensor, first: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A recurrent net over time-major obs (T, B, ...) from `state` (B, S, C), zeroed before each step where
+        `first` (T, B) is True: (head outputs (T, B, A), values (T, B), the state after the last step)."""
+        lead = tree.leaves(obs)[0].shape[:2]
+        x = self.pi_torso(tree.flatten_lead(obs, 2))
+        h, after = self.core.unroll(x.view(*lead, -1), state, first)
+        out, value = self._outputs(h, h, obs)
+        return out, value, after
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         torso = self.pi_torso if self.v_torso is None else self.v_torso
         return self.v_head(torso(obs)).squeeze(-1)
 
-    def evaluate(self, obs: torch.Tensor, actions: torch.Tensor):
-        """(log pi(a|s), entropy, V(s)) for stored actions."""
-        dist, value = self(obs)
+    def evaluate(self, obs, actions: torch.Tensor, state: torch.Tensor | None = None,
+                 first: torch.Tensor | None = None):
+        """(log pi(a|s), entropy, V(s)) for stored actions: of rows (N, ...) for a feedforward net; of
+        sequences (N, L, ...) from their start states (N, S, C) and episode starts `first` (N, L) for a
+        recurrent one, each shaped (N, L)."""
+        if self.core is None:
+            dist, value = self(obs)
+        else:
+            time_first = lambda x: x.transpose(0, 1)  # noqa: E731 - the core's layout, and back
+            out, value, _ = self.unroll(tree.map(time_first, obs), state, time_first(first))
+            dist, value = self._dist(time_first(out)), time_first(value)
         return dist.log_prob(actions), dist.entropy(), value
 
 
 # --- learning ---------------------------------------------------------------------
 def time_major(batch: Batch, device: str) -> dict[str, torch.Tensor]:
-    """Tensors with obs/next_obs/actions flattened to (T*B, ...); the rest stay (T, B)."""
-    t = as_tensors(batch, device)
-    for k in ("obs", "next_obs", "actions"):
-        t[k] = tree.flatten_lead(t[k], 2)
-    return t
+    """A fragment batch as tensors, time-major (T, B, ...) as the workers wrote it."""
+    return as_tensors(batch, device)
+
+
+@dataclass
+class Estimates:
+    """A fragment batch under the learner's current net, without gradient: log pi of the stored actions,
+    V(obs) and the bootstrap V(next_obs), each (T, B); a recurrent net's state at each trained sequence's
+    start, (T / L, B, S, C)."""
+
+    logp: torch.Tensor
+    values: torch.Tensor
+    next_values: torch.Tensor
+    starts: torch.Tensor | None = None
+
+
+def episode_starts(t: dict[str, torch.Tensor]) -> torch.Tensor:
+    """(T, B): True where a step's episode began after the fragment's first step (the stored state of step 0
+    is already its episode's)."""
+    ended = t["terminated"].bool() | t["truncated"].bool()
+    return torch.cat([torch.zeros_like(ended[:1]), ended[:-1]])
 
 
 @torch.no_grad()
-def bootstrap_values(net: ActorCriticNet, t: dict[str, torch.Tensor]) -> torch.Tensor:
-    """V(next_obs) under `net`, shaped (T, B) like the rewards."""
-    return net.value(t["next_obs"]).view_as(t["rewards"])
+def estimates(net: ActorCriticNet, t: dict[str, torch.Tensor], recurrence: int | None) -> Estimates:
+    """`Estimates` of time-major tensors `t`. A recurrent net unrolls each env's fragment from its stored
+    state, `recurrence` steps (all of them: None) at a time, keeping each piece's start state; its bootstrap
+    for the last step is one more step on `next_obs[T-1]`, and a truncated episode's the worker's
+    `final_value` (the next observation it never acted on)."""
+    shape = t["rewards"].shape
+    if net.core is None:
+        logp, _, values = net.evaluate(tree.flatten_lead(t["obs"], 2), tree.flatten_lead(t["actions"], 2))
+        return Estimates(logp.view(shape), values.view(shape), net.value(tree.flatten_lead(t["next_obs"], 2)).view(shape))
+    T, length = shape[0], recurrence or shape[0]
+    state, first = t["state"][0], episode_starts(t)
+    starts, outs, values = [], [], []
+    for a in range(0, T, length):
+        starts.append(state)
+        out, value, state = net.unroll(tree.index(t["obs"], slice(a, a + length)), state, first[a:a + length])
+        outs.append(out)
+        values.append(value)
+    last = tree.index(t["next_obs"], slice(T - 1, T))
+    values.append(net.unroll(last, state)[1])
+    values = torch.cat(values)
+    next_values = torch.where(t["truncated"].bool() & ~t["terminated"].bool(), t["final_value"], values[1:])
+    logp = net._dist(torch.cat(outs)).log_prob(t["actions"])
+    return Estimates(logp, values[:-1], next_values, torch.stack(starts))
+
+
+def sample_rows(t: dict[str, torch.Tensor], est: Estimates, recurrence: int | None,
+                **per_step: torch.Tensor) -> dict[str, torch.Tensor]:
+    """What a loss is taken over, rows first: obs, actions and each of `per_step` ((T, B) tensors) as steps
+    (T * B, ...) for a feedforward net; for a recurrent one as sequences (N, L, ...) of L = `recurrence` steps
+    (N = T / L * B), with each one's start state ('state', (N, S, C)) and episode starts ('first', (N, L))."""
+    steps = {"obs": t["obs"], "actions": t["actions"], **per_step}
+    if est.starts is None:
+        return {k: tree.flatten_lead(v, 2) for k, v in steps.items()}
+    T, B = t["rewards"].shape
+    length = recurrence or T
+
+    def sequences(x: torch.Tensor) -> torch.Tensor:  # (T, B, ...) -> (T/L * B, L, ...), sequence-major
+        return x.reshape(T // length, length, B, *x.shape[2:]).transpose(1, 2).reshape(-1, length, *x.shape[2:])
+
+    rows = {k: tree.map(sequences, v) for k, v in steps.items()}
+    rows["first"] = sequences(episode_starts(t))
+    rows["state"] = est.starts.reshape(-1, *est.starts.shape[2:])
+    return rows
+
+
+def cut_fraction(rows: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The fraction of trained sequences an episode end cuts (an episode starts after their first step)."""
+    return rows["first"][:, 1:].any(1).float().mean()
 
 
 def normalize(x: torch.Tensor) -> torch.Tensor:
@@ -198,7 +291,7 @@ class ActorCriticLearner(ShardedLearner, Learner):
     """
 
     def __init__(self, algo: ActorCriticAlgorithm, device: str):
-        self.cfg, self.device = algo.cfg, device
+        self.cfg, self.device, self.recurrence = algo.cfg, device, algo.recurrence
         self.net = algo.build_network().to(device)
         self.opt = self.make_optimizer()
         self.updates = 0
@@ -259,16 +352,29 @@ class ActorCriticAlgorithm(NetworkAlgorithm):
     default."""
 
     learner_cls: type[ActorCriticLearner] = ActorCriticLearner
-    model_config = ModelConfig
     model_defaults = {"hidden": [64, 64], "activation": "tanh"}
     actions = ("discrete", "box", "multi_discrete", "multi_binary")
     structured_obs = True
     data_path = "trajectory"
+
+    model_config = OptionalCoreModelConfig
 
     def build_network(self) -> ActorCriticNet:
         act, obs = self.spec.action_space, self.spec.observation_space
         box, factors = isinstance(act, spaces.Box), action_factors(act)
         out_dim = int(np.prod(act.shape)) if box else int(factors.nvec.sum()) if factors else int(act.n)
         pi_torso = make_torso(obs, self.model, self.image_torso)
+        if self.recurrent:
+            core = RecurrentCore(self.model.core, pi_torso.out_features, self.model.core_size)
+            return ActorCriticNet(pi_torso, None, out_dim, box, factors, core)
         v_torso = None if self.cfg.shared_torso else make_torso(obs, self.model, self.image_torso)
         return ActorCriticNet(pi_torso, v_torso, out_dim, box, factors)
+
+    @property
+    def recurrent(self) -> bool:
+        return self.model.core != "none"
+
+    @property
+    def recurrence(self) -> int | None:
+        """Steps per trained sequence with a core (`rollout.recurrence`, passed as `sequence`; None: a fragment)."""
+        return self.sequence

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from distrl.algos.actor_critic import (ActorCriticAlgorithm, ActorCriticConfig, ActorCriticLearner,
-                                       actor_critic_loss, bootstrap_values, normalize, time_major)
+                                       actor_critic_loss, cut_fraction, estimates, normalize, sample_rows, time_major)
 from distrl.algos.actor_critic_acting import ActorCriticPolicy
 from distrl.algos.advantages import vtrace
 from distrl.algos.common import skipped
@@ -35,25 +35,23 @@ class ImpalaLearner(ActorCriticLearner):
     def update(self, batch: Batch) -> dict[str, Any]:
         c = self.cfg
         t = time_major(batch, self.device)
-        shape = t["rewards"].shape
         with torch.no_grad():  # targets over the whole batch first: the step itself may be sharded by rows
-            logp, _, values = self.net.evaluate(t["obs"], t["actions"])
-            target_logp = logp.view(shape)
-            vs, pg_adv = vtrace(t["logp"], target_logp, t["rewards"], values.view(shape),
-                                bootstrap_values(self.net, t), t["terminated"], t["truncated"],
-                                c.gamma, c.rho_bar, c.c_bar)
+            est = estimates(self.net, t, self.recurrence)
+            vs, pg_adv = vtrace(t["logp"], est.logp, t["rewards"], est.values, est.next_values,
+                                t["terminated"], t["truncated"], c.gamma, c.rho_bar, c.c_bar)
             adv = normalize(pg_adv) if c.normalize_advantages else pg_adv
-        rows = {"obs": t["obs"], "actions": t["actions"], "adv": adv.reshape(-1), "vs": vs.reshape(-1)}
+        rows = sample_rows(t, est, self.recurrence, adv=adv, vs=vs)
         (norm, bad), loss, terms, _ = self.sharded_step(rows, self.step)
         if not self.counted(bad):
             return skipped(loss)
         self.updates += 1
-        rho = (target_logp - t["logp"]).exp()
+        rho = (est.logp - t["logp"]).exp()
+        cut = {"sequences_cut": cut_fraction(rows)} if "first" in rows else {}
         return self.metrics(loss, terms, grad_norm=norm, optimizer_steps=self.optimizer_steps,
-                            rho_mean=rho.mean(), rho_clip_frac=(rho > c.rho_bar).float().mean())
+                            rho_mean=rho.mean(), rho_clip_frac=(rho > c.rho_bar).float().mean(), **cut)
 
     def sample_loss(self, s: dict[str, torch.Tensor]):
-        logp, entropy, values = self.net.evaluate(s["obs"], s["actions"])
+        logp, entropy, values = self.net.evaluate(s["obs"], s["actions"], s.get("state"), s.get("first"))
         loss, terms = actor_critic_loss(logp, entropy, values, s["adv"], s["vs"], self.cfg, normalized=True)
         return loss, terms, {}
 

@@ -24,8 +24,8 @@ from typing import Any
 import torch
 
 from distrl import tree
-from distrl.algos.actor_critic import (ActorCriticAlgorithm, ActorCriticLearner, GAEConfig, bootstrap_values,
-                                       normalize, time_major)
+from distrl.algos.actor_critic import (ActorCriticAlgorithm, ActorCriticLearner, Estimates, GAEConfig, cut_fraction,
+                                       estimates, normalize, sample_rows, time_major)
 from distrl.algos.actor_critic_acting import ActorCriticPolicy
 from distrl.algos.advantages import gae, vtrace
 from distrl.algos.common import skipped
@@ -67,35 +67,32 @@ def ppo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tenso
 
 
 class PPOLearner(ActorCriticLearner):
-    def targets(self, t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
-        """(advantages, returns, values, mean policy lag), all (T, B), under the current net."""
-        c, shape = self.cfg, t["rewards"].shape
-        with torch.no_grad():
-            logp, _, values = self.net.evaluate(t["obs"], t["actions"])
-            values, next_values = values.view(shape), bootstrap_values(self.net, t)
-        lag = self.updates - t["version"].double() if "version" in t else torch.zeros(shape)
+    def targets(self, t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, Estimates, float]:
+        """(advantages, returns, all (T, B), the current net's estimates, mean policy lag)."""
+        c = self.cfg
+        est = estimates(self.net, t, self.recurrence)
+        lag = self.updates - t["version"].double() if "version" in t else torch.zeros(est.values.shape)
         if (lag != 0).any():  # data from other weights than these (older, or lost with a restored learner)
-            vs, _ = vtrace(t["logp"], logp.view(shape), t["rewards"], values, next_values,
+            vs, _ = vtrace(t["logp"], est.logp, t["rewards"], est.values, est.next_values,
                            t["terminated"], t["truncated"], c.gamma, c.rho_bar, c.c_bar, c.gae_lambda)
-            return vs - values, vs, values, lag.mean().item()
-        adv, returns = gae(t["rewards"], values, next_values, t["terminated"], t["truncated"],
+            return vs - est.values, vs, est, lag.mean().item()
+        adv, returns = gae(t["rewards"], est.values, est.next_values, t["terminated"], t["truncated"],
                            c.gamma, c.gae_lambda)
-        return adv, returns, values, 0.0
+        return adv, returns, est, 0.0
 
     def update(self, batch: Batch) -> dict[str, Any]:
         c = self.cfg
         t = time_major(batch, self.device)
-        adv, returns, old_values, lag = self.targets(t)
+        adv, returns, est, lag = self.targets(t)
         if c.normalize_advantages:
             adv = normalize(adv)
-        adv, returns, old_values = adv.reshape(-1), returns.reshape(-1), old_values.reshape(-1)
-        old_logp = t["logp"].reshape(-1)
+        data = sample_rows(t, est, self.recurrence, old_logp=t["logp"], adv=adv, old_values=est.values,
+                           returns=returns)
         sums: torch.Tensor | None = None  # per stat, over the minibatches whose step was taken
         taken, steps = torch.zeros((), device=adv.device), 0
-        for _ in range(c.epochs):
-            for idx in torch.randperm(adv.numel(), device=adv.device).chunk(c.minibatches):
-                rows = {"obs": tree.index(t["obs"], idx), "actions": t["actions"][idx], "old_logp": old_logp[idx],
-                        "adv": adv[idx], "old_values": old_values[idx], "returns": returns[idx]}
+        for _ in range(c.epochs):  # minibatches of rows: steps, or a recurrent net's whole sequences
+            for idx in torch.randperm(len(data["adv"]), device=adv.device).chunk(c.minibatches):
+                rows = {k: tree.index(v, idx) for k, v in data.items()}
                 (norm, bad), loss, terms, _ = self.sharded_step(rows, self.step)
                 row = torch.stack([loss.detach(), *terms.values(), norm])
                 row = torch.where(bad, torch.zeros_like(row), row)  # a skipped minibatch adds nothing
@@ -107,10 +104,12 @@ class PPOLearner(ActorCriticLearner):
         self.updates += 1
         out = {k: v / n for k, v in zip(["loss", *terms, "grad_norm"], sums)}
         out.update(optimizer_steps=self.optimizer_steps, policy_lag=lag, nonfinite_steps=steps - int(n))
+        if "first" in data:
+            out["sequences_cut"] = cut_fraction(data).item()
         return out
 
     def sample_loss(self, s: dict[str, torch.Tensor]):
-        logp, entropy, values = self.net.evaluate(s["obs"], s["actions"])
+        logp, entropy, values = self.net.evaluate(s["obs"], s["actions"], s.get("state"), s.get("first"))
         loss, terms = ppo_loss(logp, s["old_logp"], s["adv"], values, s["old_values"], s["returns"], entropy, self.cfg)
         return loss, terms, {}
 

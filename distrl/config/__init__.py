@@ -96,6 +96,9 @@ def _not_a_section_of(name: str):
         if key in ALGORITHMS:
             return (f"config key '{key}': a section of another algorithm; this config's algo is {name} "
                     f"(a config holds only its own algorithm's section)")
+        if key in ("model.core", "model.core_size"):
+            takers = [n for n in ALGORITHMS if "core" in {fl.name for fl in dataclasses.fields(algorithm(n).model_config)}]
+            return f"config key '{key}': {name} has no recurrent core ({key} is for {', '.join(takers)})"
         users = [p for p, sections in DATA_SECTIONS.items() if key in (s[0] for s in sections)]
         if users:
             return (f"config key '{key}': {name} learns from {algorithm(name).data_path} data and reads no "

@@ -93,7 +93,8 @@ def build(cls: type, data: dict, prefix: str = "", defaults: Any = None,
           unknown: typing.Callable[[str], str] | None = None) -> Any:
     """An instance of dataclass `cls` from `data`: `defaults` (an instance; else cls()) with the keys given
     replaced, each checked. A nested section given in part keeps its defaults for the rest.
-    `unknown(key)` may explain a key the class does not have (e.g. another algorithm's section)."""
+    `unknown(key)` may explain a key the class does not have (e.g. another algorithm's section; a nested
+    section's keys reach it with their section's prefix, `model.core`)."""
     fields = {_key(fl): fl for fl in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
     for k in data:
@@ -112,7 +113,8 @@ def build(cls: type, data: dict, prefix: str = "", defaults: Any = None,
         if dataclasses.is_dataclass(hints[fl.name]):
             if not isinstance(data[k], dict):
                 raise ConfigError(f"config key '{prefix}{k}': expected a mapping, got {data[k]!r}")
-            kwargs[fl.name] = build(hints[fl.name], data[k], prefix + k + ".", getattr(defaults, fl.name))
+            inner = (lambda key, at=prefix + k + ".": unknown(at + key)) if unknown else None
+            kwargs[fl.name] = build(hints[fl.name], data[k], prefix + k + ".", getattr(defaults, fl.name), inner)
             continue
         value = _convert(data[k], hints[fl.name], prefix + k)
         _check_range(fl, value, prefix + k)

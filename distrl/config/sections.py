@@ -77,6 +77,9 @@ class RolloutConfig:
     fragment_length: int = f(16, "steps per environment in one fragment sent by a worker", lo=1, hi=100_000)
     inference: str = f("local", "where the workers' network runs: local (in each worker) | central (one "
                        "InferenceServer batching every worker's observations; sync and async)", choices=("local", "central"))
+    recurrence: int | None = f(None, "on-policy learners with a recurrent core (model.core): steps per trained "
+                               "sequence, the truncated backprop-through-time length; it divides fragment_length "
+                               "(null = the whole fragment)", lo=1)
     batch_timeout_ms: float = f(2.0, "central inference: how long the server waits for more workers' requests "
                                 "before it runs a batch (it runs at once when every worker's is in)", lo=0.0, hi=10_000.0)
 
@@ -287,6 +290,14 @@ class ModelConfig:
                        "image torsos for an image leaf (auto: chosen as for a plain image), or flat (its entries, "
                        "for any Box leaf)")
     kwargs: dict = f({}, "settings for your own torso factory (model.torso: module:Factory reads them)")
+
+
+@dataclass
+class OptionalCoreModelConfig(ModelConfig):
+    """A torso, optionally followed by a recurrent core that both heads read (PPO, A2C, A3C, IMPALA)."""
+
+    core: str = f("none", "recurrent core after the torso: none | lstm | gru", choices=("none", "lstm", "gru"))
+    core_size: int = f(64, "recurrent state size (with a core)", lo=1)
 
 
 @dataclass

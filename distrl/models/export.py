@@ -10,6 +10,13 @@ mapping of a Gaussian's mean (tanh'd for SAC's). Outputs: `action`, then the pol
 torch's TorchScript-based exporter (`dynamo=False`, which needs the `onnx` package: `pip install
 distrl[onnx]`): ~0.1 s for an MLP against ~2.5 s for the dynamo exporter (which also needs onnxscript),
 which matters where a server exports every new version for clients that act locally.
+
+A recurrent policy (PPO, A2C, A3C or IMPALA with a `model.core`) exports one step of its network: the file
+takes the state as one more input, `state`, float32 (batch, S, C) (S = 2 for an LSTM's h and c, 1 for a
+GRU's h; C = model.core_size), after the observation input(s), and returns the state after the step as one
+more output, `state_out`, after the others. The caller keeps one state per env: zeros at each episode's
+start, then each step's `state_out` fed back as the next step's `state` (zeros again once the episode
+ends), which is how distrl's own policy acts. A TorchScript file is called the same way: `(obs..., state)`.
 """
 from __future__ import annotations
 
@@ -28,21 +35,30 @@ OPSET = 17
 
 
 class ExportError(ValueError):
-    """This policy's acting cannot be written as one feedforward network."""
+    """This policy's acting cannot be written as one network step."""
 
 
 class ActingNetwork(nn.Module):
-    """obs -> (greedy action, *acting outputs) of a network-backed policy."""
+    """obs -> (greedy action, *acting outputs) of a network-backed policy; a recurrent one's
+    (obs, state) -> (greedy action, *acting outputs, next state)."""
 
-    def __init__(self, net: nn.Module, method: str, names: tuple[str, ...], rule, normalize=None, space=None):
-        """`normalize`: (mean, 1 / std, clip or None) of the run's observation statistics (env.normalize.obs),
-        applied to the raw observations the file is given, as the run's envs apply them. `space`: the
-        observation space; a structured one's leaves are the file's inputs, one per leaf, named by their
-        keys (`image`, `action_mask`, `pos.0`)."""
+    def __init__(self, net: nn.Module, method: str, names: tuple[str, ...], rule, normalize=None, space=None,
+                 state_shape: tuple[int, ...] | None = None):
+        """`names`: what `net.<method>` returns, in its order; `self.names` adds `state_out` for a recurrent
+        net: every output after `action`, as the file names them. `normalize`: (mean, 1 / std, clip or None)
+        of the run's observation statistics (env.normalize.obs), applied to the raw observations the file is
+        given, as the run's envs apply them. `space`: the observation space; a structured one's leaves are
+        the file's inputs, one per leaf, named by their keys (`image`, `action_mask`, `pos.0`).
+        `state_shape`: one env's recurrent state, (S, C), for a net whose method is `(obs, state) ->
+        (outputs, next state)`; None for a feedforward one."""
         super().__init__()
-        self.net, self.method, self.names, self.kind = net, method, tuple(names), rule.kind
+        self.net, self.method, self.outputs, self.kind = net, method, tuple(names), rule.kind
+        self.state_shape = None if state_shape is None else tuple(state_shape)
+        self.names = self.outputs + (() if self.state_shape is None else ("state_out",))
         self.structure = tree.sample(space, 1) if space is not None and tree.is_structured(space) else None
         self.input_names = ["obs"] if self.structure is None else [n for n, _ in tree.named_leaves(self.structure)]
+        if self.state_shape is not None:
+            self.input_names.append("state")
         self.normalizes = normalize is not None
         if normalize is not None:  # in float64, as distrl.envs.normalize computes it
             mean, scale, self.clip = normalize
@@ -61,17 +77,26 @@ class ActingNetwork(nn.Module):
             self.box_shape, self.box_dtype = tuple(box.shape), _torch_dtype(box.dtype)
 
     def forward(self, *inputs: torch.Tensor):
-        obs = inputs[0] if self.structure is None else tree.unflatten_like(self.structure, list(inputs))
-        if self.normalizes:
-            obs = (obs.double() - self.obs_mean) * self.obs_scale
-            if self.clip is not None:
-                obs = obs.clamp(-self.clip, self.clip)
-            obs = obs.float()
-        out = getattr(self.net, self.method)(obs)
-        values = [out[n] for n in self.names] if isinstance(out, dict) else \
+        leaves, state = (inputs, None) if self.state_shape is None else (inputs[:-1], inputs[-1])
+        obs = leaves[0] if self.structure is None else tree.unflatten_like(self.structure, list(leaves))
+        obs = self.normalized(obs)
+        if state is None:
+            out, after = getattr(self.net, self.method)(obs), ()
+        else:
+            out, next_state = getattr(self.net, self.method)(obs, state)
+            after = (next_state,)
+        values = [out[n] for n in self.outputs] if isinstance(out, dict) else \
             list(out) if isinstance(out, (tuple, list)) else [out]
-        named = dict(zip(self.names, values))
-        return (self.greedy(named), *values)
+        named = dict(zip(self.outputs, values))
+        return (self.greedy(named), *values, *after)
+
+    def normalized(self, obs):
+        if not self.normalizes:
+            return obs
+        obs = (obs.double() - self.obs_mean) * self.obs_scale
+        if self.clip is not None:
+            obs = obs.clamp(-self.clip, self.clip)
+        return obs.float()
 
     def greedy(self, named: dict[str, torch.Tensor]) -> torch.Tensor:
         if self.kind == "epsilon_greedy":
@@ -94,14 +119,25 @@ def _torch_dtype(dtype) -> torch.dtype:
 
 def acting_network(policy, normalize=None) -> ActingNetwork:
     """The policy's acting network (its weights as loaded), taking raw observations (`normalize`: see
-    `ActingNetwork`); ExportError for a policy that needs more than one feedforward pass per observation
-    (a recurrent state)."""
-    rule = policy.acting_rule()
+    `ActingNetwork`), and a recurrent policy's state; ExportError for a policy whose actions it cannot
+    write as one step of its network."""
+    state_shape = getattr(policy, "state_shape", None)
+    rule = _rule(policy, state_shape)
     if rule is None or not hasattr(policy, "net"):
-        raise ExportError(f"{type(policy).__name__} acts with a recurrent state: only feedforward policies "
-                          "export (their actions depend on the observation alone)")
+        raise ExportError(f"{type(policy).__name__} acts with a recurrent state and names no rule for its "
+                          "actions (sampling_rule()): it does not export")
     return ActingNetwork(policy.net, policy.acting_method, policy.acting_outputs(), rule, normalize,
-                         policy.spec.observation_space).eval()
+                         policy.spec.observation_space, state_shape).eval()
+
+
+def _rule(policy, state_shape):
+    """How `act` picks actions from `forward`'s outputs. A recurrent policy's `acting_rule()` is None (the
+    external server, which runs no state, must refuse it), so such a policy names its rule with
+    `sampling_rule()`: the file carries the state itself."""
+    if state_shape is None:
+        return policy.acting_rule()
+    sampling = getattr(policy, "sampling_rule", None)
+    return None if sampling is None else sampling()
 
 
 def example_batch(space) -> torch.Tensor | tuple[torch.Tensor, ...]:
@@ -113,16 +149,21 @@ def example_batch(space) -> torch.Tensor | tuple[torch.Tensor, ...]:
     return torch.as_tensor(np.zeros((1, *space.shape), space.dtype))
 
 
-def _inputs(example) -> tuple[torch.Tensor, ...]:
-    return example if isinstance(example, tuple) else (example,)
+def _inputs(module: ActingNetwork, example) -> tuple[torch.Tensor, ...]:
+    """The traced call's inputs: `example`'s observation(s), then an episode start's state (zeros) for each
+    of their rows where the module is recurrent (`example_batch` knows the space, not the policy)."""
+    inputs = example if isinstance(example, tuple) else (example,)
+    if module.state_shape is None:
+        return inputs
+    return (*inputs, torch.zeros((inputs[0].shape[0], *module.state_shape)))
 
 
 def onnx_bytes(module: ActingNetwork, example) -> bytes:
     buf = io.BytesIO()
     axes = {name: {0: "batch"} for name in (*module.input_names, "action", *module.names)}
-    with warnings.catch_warnings():  # the exporter's notes on the TorchScript path and on tracing
+    with warnings.catch_warnings():  # the exporter's notes on the TorchScript path, on tracing, on LSTM batches
         warnings.simplefilter("ignore")
-        torch.onnx.export(module, _inputs(example), buf, dynamo=False, input_names=module.input_names,
+        torch.onnx.export(module, _inputs(module, example), buf, dynamo=False, input_names=module.input_names,
                           output_names=["action", *module.names], dynamic_axes=axes, opset_version=OPSET)
     return buf.getvalue()
 
@@ -131,7 +172,7 @@ def torchscript_bytes(module: ActingNetwork, example) -> bytes:
     buf = io.BytesIO()
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
-        torch.jit.save(torch.jit.trace(module, _inputs(example), check_trace=False), buf)
+        torch.jit.save(torch.jit.trace(module, _inputs(module, example), check_trace=False), buf)
     return buf.getvalue()
 
 

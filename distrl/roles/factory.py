@@ -65,7 +65,9 @@ def make_algorithm(cfg, spec: EnvSpec | None = None) -> Algorithm:
     """The configured algorithm, holding the parts of the config it reads (`spec`: the env's, if known)."""
     cls = algorithm(cfg.algo)
     spec = spec or spec_of(cfg.env, cls.multi_agent, cfg.external)
-    return cls(spec, cfg.algo_config, cfg.model, cfg.seed, getattr(cfg, "sequence", None))
+    # What cuts experience into sequences: the sequence section for replay, rollout.recurrence on-policy.
+    sequence = getattr(cfg, "sequence", None) if cls.data_path == "sequence" else cfg.rollout.recurrence
+    return cls(spec, cfg.algo_config, cfg.model, cfg.seed, sequence)
 
 
 def policy_seed(seed: int, worker_index: int) -> int:

@@ -134,8 +134,8 @@ def test_ppo_uses_vtrace_targets_under_policy_lag_and_gae_without():
     t = time_major(batch, "cpu")
     shape = t["rewards"].shape
     with torch.no_grad():
-        logp, _, values = learner.net.evaluate(t["obs"], t["actions"])
-        values, nv = values.view(shape), learner.net.value(t["next_obs"]).view(shape)
+        logp, _, values = learner.net.evaluate(flat(t["obs"]), flat(t["actions"]))
+        values, nv = values.view(shape), learner.net.value(flat(t["next_obs"])).view(shape)
     args = (t["rewards"], values, nv, t["terminated"], t["truncated"], c.gamma)
     ref_vs, _ = vtrace(t["logp"], logp.view(shape), *args, c.rho_bar, c.c_bar, c.gae_lambda)
     adv, ret, v, lag = learner.targets(t)
@@ -151,6 +151,10 @@ def test_ppo_uses_vtrace_targets_under_policy_lag_and_gae_without():
     np.testing.assert_allclose(adv.numpy(), gae_adv.numpy(), rtol=1e-6, atol=1e-6)
 
 
+def flat(x: torch.Tensor) -> torch.Tensor:  # time-major (T, E, ...) -> rows (T * E, ...)
+    return x.reshape(-1, *x.shape[2:])
+
+
 # --- IMPALA -----------------------------------------------------------------------
 def test_impala_loss_uses_vtrace_with_learner_log_probs():
     algo = make("impala", "CartPole-v1", "impala.rho_bar=0.9", "impala.c_bar=0.8")
@@ -161,8 +165,8 @@ def test_impala_loss_uses_vtrace_with_learner_log_probs():
     t = time_major(batch, "cpu")
     shape = t["rewards"].shape
     with torch.no_grad():
-        logp, ent, values = learner.net.evaluate(t["obs"], t["actions"])
-        nv = learner.net.value(t["next_obs"]).view(shape)
+        logp, ent, values = learner.net.evaluate(flat(t["obs"]), flat(t["actions"]))
+        nv = learner.net.value(flat(t["next_obs"])).view(shape)
         vs, pg = vtrace(t["logp"], logp.view(shape), t["rewards"], values.view(shape), nv,
                         t["terminated"], t["truncated"], c.gamma, c.rho_bar, c.c_bar)
         expected, terms = actor_critic_loss(logp, ent, values, pg.reshape(-1), vs.reshape(-1), c)

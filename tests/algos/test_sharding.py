@@ -14,6 +14,7 @@ from distrl.roles.learning import update_once
 
 CONFIGS = {"apex_dqn": "configs/apex_dqn_cartpole.yaml", "impala": "configs/impala_cartpole.yaml",
            "ppo": "configs/ppo_cartpole.yaml",
+           "ppo_lstm": "configs/ppo_lstm_position_only_cartpole.yaml",  # shards of whole sequences
            # an image torso: its Linear weight is input-major in memory (models/torsos.input_major_)
            "apex_dqn_minatar": "configs/apex_dqn_minatar_breakout.yaml", "ppo_minatar": "configs/ppo_minatar_breakout.yaml"}
 
@@ -35,7 +36,7 @@ def params(learner):
     return [p.detach().clone() for p in learner.trained_module().parameters()]
 
 
-@pytest.mark.parametrize("algo", ["apex_dqn", "impala", "ppo", "apex_dqn_minatar", "ppo_minatar"])
+@pytest.mark.parametrize("algo", ["apex_dqn", "impala", "ppo", "apex_dqn_minatar", "ppo_minatar", "ppo_lstm"])
 @pytest.mark.parametrize("k", [2, 3])
 def test_an_update_with_k_gradient_workers_equals_one_learner_on_the_whole_batch(algo, k):
     algorithm, single, batch = learner_and_batch(algo)

@@ -367,8 +367,11 @@ def test_a_model_given_in_part_keeps_the_algorithms_own_defaults(tmp_path):
     assert (r2d2.hidden, r2d2.core, r2d2.core_size) == ([64], "lstm", 32)
     dhc = load_config(None, ["algo=dhc", "model.hidden=[16]"]).model
     assert (dhc.conv_channels, dhc.core, dhc.hidden) == ([32, 32], "gru", [16])
-    with pytest.raises(ConfigError, match="unknown config key 'model.core'"):  # a feedforward model has no core
-        load_config(None, ["algo=ppo", "model.core=gru"])
+    assert load_config(None, ["algo=ppo"]).model.core == "none"  # the on-policy family's core is optional
+    assert load_config(None, ["algo=ppo", "model.core=gru"]).model.core == "gru"
+    with pytest.raises(ConfigError, match=r"^config key 'model.core': sac has no recurrent core \(model.core is "
+                       r"for r2d2, dhc, a2c, a3c, ppo, impala\)$"):
+        load_config(None, ["algo=sac", "model.core=gru"])
 
 
 def a_float_key(algo: str) -> str:

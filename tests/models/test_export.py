@@ -1,5 +1,7 @@
 """The acting network out of distrl (`distrl.models.export`, `distrl export`): onnxruntime and TorchScript
-give the actions and outputs of distrl's own policy on the same observations, uint8 frames included."""
+give the actions and outputs of distrl's own policy on the same observations, uint8 frames included, and a
+recurrent policy's actions and states step by step over whole episodes."""
+import io
 import os
 
 import numpy as np
@@ -11,6 +13,7 @@ from gymnasium import spaces
 from distrl.cli import main
 from distrl.config import dump_yaml, load_config
 from distrl.core import EnvSpec
+from distrl.envs import VectorEnv, env_spec
 from distrl.models.export import ExportError, acting_network, example_batch, onnx_bytes, torchscript_bytes
 from distrl.roles.evaluation import save_best
 from distrl.roles.factory import make_algorithm
@@ -25,9 +28,9 @@ CASES = [("apex_dqn", VECTOR, spaces.Discrete(3)), ("apex_dqn", FRAMES, spaces.D
          ("ppo", FRAMES, spaces.Discrete(4)), ("impala", VECTOR, BOX), ("sac", VECTOR, BOX)]
 
 
-def trained_policy(algo, obs_space, act_space):
+def trained_policy(algo, obs_space, act_space, *overrides):
     """A greedy policy with weights a learner made (some updates' worth of noise in them)."""
-    cfg = load_config(None, [f"algo={algo}"])
+    cfg = load_config(None, [f"algo={algo}", *overrides])
     algorithm = make_algorithm(cfg, EnvSpec(obs_space, act_space))
     learner = algorithm.make_learner("cpu")
     torch.manual_seed(1)
@@ -58,7 +61,7 @@ def test_onnx_and_torchscript_act_as_the_policy_does(algo, obs_space, act_space)
     names = [o.name for o in session.get_outputs()]
     assert names == ["action", *policy.acting_outputs()]
     got = dict(zip(names, session.run(None, {"obs": obs})))
-    traced = torch.jit.load(__import__("io").BytesIO(torchscript_bytes(module, example_batch(obs_space))))
+    traced = torch.jit.load(io.BytesIO(torchscript_bytes(module, example_batch(obs_space))))
     with torch.no_grad():
         scripted = dict(zip(names, (t.numpy() for t in traced(torch.as_tensor(obs)))))
     for out in (got, scripted):
@@ -73,7 +76,7 @@ def test_onnx_and_torchscript_act_as_the_policy_does(algo, obs_space, act_space)
         assert len(set(actions.tolist())) > 1
 
 
-def test_a_recurrent_policy_is_refused():
+def test_a_recurrent_policy_that_names_no_sampling_rule_is_refused():  # R2D2's SequencePolicy, for now
     cfg = load_config(None, ["algo=r2d2"])
     algorithm = make_algorithm(cfg, EnvSpec(VECTOR, spaces.Discrete(2)))
     policy = algorithm.make_policy(-1, 1, 0)
@@ -81,8 +84,92 @@ def test_a_recurrent_policy_is_refused():
         acting_network(policy)
 
 
-def run_dir(tmp_path, algo):
-    cfg = load_config(None, [f"algo={algo}", "env.id=CartPole-v1"])
+CARTPOLE = "popgym.envs.position_only_cartpole:PositionOnlyCartPoleEasy"  # CartPole with the velocities hidden
+REPEAT = "popgym.envs.repeat_previous:RepeatPreviousEasy"  # name the card seen some steps ago: 4 actions
+RECURRENT = [("ppo", "lstm", CARTPOLE), ("impala", "gru", REPEAT), ("a2c", "gru", "Pendulum-v1")]
+E = 4  # envs stepped side by side
+
+
+def recurrent_policy(algo, core, env_id):
+    """A greedy recurrent policy whose actions turn on its state. Random weights favour one discrete action
+    throughout (the logits' constant part outweighs what the state adds): the head's bias is centred on the
+    logits of the steps the policy takes."""
+    spec = env_spec(env_id)
+    policy = trained_policy(algo, spec.observation_space, spec.action_space, f"model.core={core}",
+                            "model.hidden=[16]", "model.core_size=16")
+    if isinstance(spec.action_space, spaces.Discrete):
+        obs, states, _ = play(policy, env_id)
+        with torch.no_grad():  # the policy's own module: what it acts with and what acting_network exports
+            policy.net.pi_head.bias -= torch.as_tensor(policy.forward(obs, states)[0]["out"].mean(0))
+    return policy
+
+
+def exported_steps(policy):
+    """(obs, state) -> [action, *outputs, state_out] of the policy's ONNX file and of its TorchScript one."""
+    space = policy.spec.observation_space
+    module = acting_network(policy)
+    session = ort.InferenceSession(onnx_bytes(module, example_batch(space)))
+    assert [i.name for i in session.get_inputs()] == ["obs", "state"]
+    assert [o.name for o in session.get_outputs()] == ["action", *policy.acting_outputs(), "state_out"]
+    traced = torch.jit.load(io.BytesIO(torchscript_bytes(module, example_batch(space))))
+
+    def scripted(obs, state):
+        with torch.no_grad():
+            return [t.numpy() for t in traced(torch.as_tensor(obs), torch.as_tensor(state))]
+
+    return {"onnx": lambda obs, state: session.run(None, {"obs": obs, "state": state}), "torchscript": scripted}
+
+
+def assert_same_actions(got, want):
+    if want.dtype.kind == "f":  # a Box action: the float64 mapping of a float32 mean
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+    else:
+        np.testing.assert_array_equal(got, want)
+
+
+def play(policy, env_id, files=None, episodes=2):
+    """(obs, state, action) of every greedy step of `policy` on E envs until each has ended `episodes`
+    episodes. `files`: `exported_steps`, each stepped beside the policy as the docs say (zeros at an episode
+    start, its state_out fed back) and checked against it at every step: its action, the state it acted from."""
+    files = files or {}
+    envs = VectorEnv(env_id, E, 0, training=False)
+    policy.episodes_ended(np.ones(E, bool))  # fresh states, as each env's first episode starts
+    states = {name: policy.initial_state(E) for name in files}
+    ended, seen = np.zeros(E, int), []
+    while ended.min() < episodes:
+        obs = envs.obs.copy()
+        actions, extras = policy.act(obs, explore=False)
+        for name, step in files.items():
+            np.testing.assert_allclose(states[name], extras["state"], rtol=0, atol=1e-4)
+            out = step(obs, states[name])
+            assert_same_actions(out[0], actions)
+            states[name] = out[-1]
+        seen.append((obs, extras["state"], actions))
+        _, _, terminated, truncated, _ = envs.step(actions)
+        done = terminated | truncated
+        policy.episodes_ended(done)
+        for name in files:
+            states[name] = np.where(done[:, None, None], policy.initial_state(E), states[name])
+        ended += done
+    return [np.concatenate(x) for x in zip(*seen)]
+
+
+@pytest.mark.parametrize("algo, core, env_id", RECURRENT)
+def test_a_recurrent_export_steps_whole_episodes_as_the_policy_does(algo, core, env_id):
+    policy = recurrent_policy(algo, core, env_id)
+    files = exported_steps(policy)
+    obs, _, actions = play(policy, env_id, files)
+    # The state matters: the same observations, each from an episode start's state (a state not fed back,
+    # or no state input at all), act otherwise at some steps.
+    zeros = files["onnx"](obs, policy.initial_state(len(obs)))[0]
+    if actions.dtype.kind == "f":
+        assert np.abs(zeros - actions).max() > 1e-2
+    else:
+        assert len(set(actions.tolist())) > 1 and (zeros != actions).sum() >= 5
+
+
+def run_dir(tmp_path, algo, *overrides):
+    cfg = load_config(None, [f"algo={algo}", "env.id=CartPole-v1", *overrides])
     d = tmp_path / algo
     d.mkdir()
     (d / "config.yaml").write_text(dump_yaml(cfg))
@@ -102,6 +189,29 @@ def test_distrl_export_writes_a_file_that_acts_as_the_best_checkpoint(tmp_path, 
 
     policy, _, meta = _run_policy(d, load_config(os.path.join(d, "config.yaml")))
     assert action == policy.act(obs, explore=False)[0][0] and meta["version"] == 3
+
+
+def test_distrl_export_of_a_recurrent_run_takes_and_returns_the_state(tmp_path, capsys):
+    d = run_dir(tmp_path, "ppo", "model.core=lstm", "model.core_size=8")
+    path, pt = str(tmp_path / "policy.onnx"), str(tmp_path / "policy.pt")
+    assert main(["export", d, "--onnx", path, "--torchscript", pt]) == 0
+    assert "outputs action, out, value, state_out" in capsys.readouterr().out
+    from distrl.api import _run_policy
+
+    policy, _, _ = _run_policy(d, load_config(os.path.join(d, "config.yaml")))
+    session, traced = ort.InferenceSession(path), torch.jit.load(pt)
+    obs = np.array([[0.01, 0.2, -0.03, 0.1], [0.0, -0.5, 0.02, 0.3]], np.float32)
+    state = np.zeros((2, 2, 8), np.float32)  # an episode's start: (batch, h and c, model.core_size)
+    for _ in range(3):  # the docs' loop: each step's state_out is the next step's state
+        action, *_, after = session.run(None, {"obs": obs, "state": state})
+        outputs, want = policy.forward(obs, state)
+        np.testing.assert_array_equal(action, outputs["out"].argmax(-1))
+        np.testing.assert_allclose(after, want, rtol=0, atol=1e-5)
+        with torch.no_grad():
+            np.testing.assert_allclose(traced(torch.as_tensor(obs), torch.as_tensor(state))[-1].numpy(), want,
+                                       rtol=0, atol=1e-5)
+        state = after
+    assert np.abs(state).min() > 0
 
 
 @pytest.mark.parametrize("algo, args, message", [
