@@ -79,6 +79,7 @@ def headline_rows() -> list[tuple[str, str, str, str]]:
          f"budget)", "offline"),
         ("BC on an expert CartPole dataset (475)", _solved(bc), f"d3rlpy BC, the same settings: {_solved(d3_bc)}", "offline"),
         ("R2D2 solves CartPole without velocities", _solved(r2d2), "", "solve_r2d2_position_only_cartpole_vs_53bd0a7"),
+        _memory_row(),
         ("DHC: 4 agents on an 8×8 map, ≥ 90% success", _solved(dhc), "", "solve_dhc_mapf_8x8_vs_53bd0a7"),
         ("SAC reaches 200 on LunarLanderContinuous", _solved(sac) + f" of a {_s(sac['budget_s'])} budget", "",
          "solve_sac_lunarlander_continuous_vs_53bd0a7"),
@@ -96,6 +97,15 @@ def headline_rows() -> list[tuple[str, str, str, str]]:
         (f"{soak['minutes']:.0f} minutes of an async run, its learner and parameter server killed",
          f"every role's memory within {growth:.1f}% of its size after warm-up; {kept}", "", "soak"),
     ]
+
+
+def _memory_row() -> tuple[str, str, str, str]:
+    """PPO with an LSTM on the POMDP R2D2's headline row solves, and the same config with no core."""
+    lstm = solve_median("solve_ppo_lstm_position_only_cartpole.json")
+    flat = solve_median("solve_ppo_feedforward_position_only_cartpole.json")
+    return ("PPO with an LSTM solves CartPole without velocities", f"{_solved(lstm)}; with no core: "
+            f"{flat['solved']}/{flat['runs']} within {_s(flat['budget_s'])}", "",
+            "solve_ppo_lstm_position_only_cartpole, solve_ppo_feedforward_position_only_cartpole")
 
 
 def _unmasked(m: dict) -> str:
