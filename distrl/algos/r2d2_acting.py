@@ -27,6 +27,7 @@ from distrl.algos.common import NetworkPolicy, stored_obs
 from distrl.algos.qlearning import epsilon_greedy, worker_epsilon
 from distrl.core import Batch, Trajectory
 from distrl.replay.sequences import SequenceAdder, empty_message
+from distrl.sampling import EpsilonGreedy
 
 # ---------------------------------------------------------------- shared sequence maths
 # Written with arithmetic and slicing only, so the same code runs on numpy arrays (worker
@@ -149,6 +150,15 @@ class SequencePolicy(NetworkPolicy):
 class R2D2Policy(SequencePolicy):
     """Epsilon-greedy recurrent acting; the learner checks that the sequences it receives have the
     length it expects."""
+
+    acting_method = "step"  # what an exported file runs: (obs, state) -> (Q, next state)
+
+    def acting_outputs(self) -> tuple[str, ...]:
+        return ("q",)
+
+    def sampling_rule(self) -> EpsilonGreedy:
+        """How `act` picks from Q (its `acting_rule()` is None: a simulator acting locally keeps no state)."""
+        return EpsilonGreedy(self.epsilon)
 
     def postprocess(self, traj: Trajectory) -> tuple[Batch, np.ndarray]:
         """The adder's message for the items that completed, and their initial priorities (N,)."""

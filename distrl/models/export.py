@@ -11,7 +11,7 @@ torch's TorchScript-based exporter (`dynamo=False`, which needs the `onnx` packa
 distrl[onnx]`): ~0.1 s for an MLP against ~2.5 s for the dynamo exporter (which also needs onnxscript),
 which matters where a server exports every new version for clients that act locally.
 
-A recurrent policy (PPO, A2C, A3C or IMPALA with a `model.core`) exports one step of its network: the file
+A recurrent policy (PPO, A2C, A3C or IMPALA with a `model.core`, and R2D2) exports one step of its network: the file
 takes the state as one more input, `state`, float32 (batch, S, C) (S = 2 for an LSTM's h and c, 1 for a
 GRU's h; C = model.core_size), after the observation input(s), and returns the state after the step as one
 more output, `state_out`, after the others. The caller keeps one state per env: zeros at each episode's

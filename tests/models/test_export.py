@@ -76,17 +76,20 @@ def test_onnx_and_torchscript_act_as_the_policy_does(algo, obs_space, act_space)
         assert len(set(actions.tolist())) > 1
 
 
-def test_a_recurrent_policy_that_names_no_sampling_rule_is_refused():  # R2D2's SequencePolicy, for now
-    cfg = load_config(None, ["algo=r2d2"])
-    algorithm = make_algorithm(cfg, EnvSpec(VECTOR, spaces.Discrete(2)))
-    policy = algorithm.make_policy(-1, 1, 0)
+MAPF = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs",
+                    "dhc_mapf_8x8.yaml")
+
+
+def test_a_recurrent_policy_that_names_no_sampling_rule_is_refused():  # DHC's: its agents talk within a step
+    policy = make_algorithm(load_config(MAPF)).make_policy(-1, 1, 0)
     with pytest.raises(ExportError, match="recurrent"):
         acting_network(policy)
 
 
 CARTPOLE = "popgym.envs.position_only_cartpole:PositionOnlyCartPoleEasy"  # CartPole with the velocities hidden
 REPEAT = "popgym.envs.repeat_previous:RepeatPreviousEasy"  # name the card seen some steps ago: 4 actions
-RECURRENT = [("ppo", "lstm", CARTPOLE), ("impala", "gru", REPEAT), ("a2c", "gru", "Pendulum-v1")]
+RECURRENT = [("ppo", "lstm", CARTPOLE), ("impala", "gru", REPEAT), ("a2c", "gru", "Pendulum-v1"),
+             ("r2d2", "gru", REPEAT)]
 E = 4  # envs stepped side by side
 
 
@@ -99,8 +102,10 @@ def recurrent_policy(algo, core, env_id):
                             "model.hidden=[16]", "model.core_size=16")
     if isinstance(spec.action_space, spaces.Discrete):
         obs, states, _ = play(policy, env_id)
+        out = policy.forward(obs, states)[0]
+        bias = policy.net.pi_head.bias if hasattr(policy.net, "pi_head") else policy.net.head.advantage.bias
         with torch.no_grad():  # the policy's own module: what it acts with and what acting_network exports
-            policy.net.pi_head.bias -= torch.as_tensor(policy.forward(obs, states)[0]["out"].mean(0))
+            bias -= torch.as_tensor(out["out" if "out" in out else "q"].mean(0))
     return policy
 
 
@@ -215,12 +220,12 @@ def test_distrl_export_of_a_recurrent_run_takes_and_returns_the_state(tmp_path, 
 
 
 @pytest.mark.parametrize("algo, args, message", [
-    ("r2d2", ["--onnx", "{tmp}/x.onnx"], "recurrent"),
+    ("dhc", ["--onnx", "{tmp}/x.onnx"], "recurrent"),
     ("ppo", [], "--onnx"),
     ("ppo", ["--onnx", "{tmp}/no/such/dir/x.onnx"], "cannot write"),
 ])
 def test_a_policy_or_a_path_that_cannot_export_is_one_line_and_exit_2(tmp_path, capsys, algo, args, message):
-    d = run_dir(tmp_path, algo)
+    d = run_dir(tmp_path, algo, *(["env.id=distrl.envs.mapf:MAPF"] if algo == "dhc" else []))
     assert main(["export", d, *[a.format(tmp=tmp_path) for a in args]]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
