@@ -87,9 +87,6 @@ def _check_recurrence(cfg: Config, algo) -> None:
         raise ConfigError(f"config key 'rollout.recurrence': {recurrence} does not divide "
                           f"rollout.fragment_length {cfg.rollout.fragment_length} (each fragment is cut into "
                           "whole sequences)")
-    if core != "none" and algo.data_path in ("trajectory", "gradients") and cfg.external.enabled:
-        raise ConfigError(f"config key 'model.core': simulators (external.enabled) act with a stateless policy; "
-                          f"{cfg.algo} with a {core} core acts with a state per episode (use model.core: none)")
 
 
 def _check_replay(cfg: Config, spec, on_this_machine: bool, memory: int | None = None) -> None:

@@ -18,6 +18,7 @@ import asyncio
 import base64
 import heapq
 import itertools
+import sys
 import threading
 import time
 from typing import Callable
@@ -60,7 +61,10 @@ class SimulatorServer:
         self.slots: dict[int, object] = {}  # slot -> its policy (exploration only: RNG, rule, schedule)
         self.slot_steps: dict[int, int] = {}
         self.free = list(range(self.max_clients))
-        self.chunk = cfg.rollout.fragment_length
+        # A recurrent policy's state lives in each open episode (`Episode.state`); its episodes reach the
+        # learner whole, so every state the learner zeroes is one an episode started from.
+        self.recurrent = self.policy.initial_state(1) is not None
+        self.chunk = sys.maxsize if self.recurrent else cfg.rollout.fragment_length
         self.assembler = Assembler(self.policy, cfg.rollout.fragment_length, cfg.env.num_envs, worker_index)
         self.worker_index = worker_index
         self.counts = dict.fromkeys(COUNTS, 0)
@@ -239,15 +243,20 @@ class SimulatorServer:
         if not batch:
             return
         t0 = time.perf_counter()
+        open_episodes = [session.episodes.open[episode] for session, episode, _, _ in batch]
+        states = self._states(open_episodes)
         try:
-            outputs, _ = self.policy.forward(np.stack([obs for _, _, obs, _ in batch]), None)
+            outputs, after = self.policy.forward(np.stack([obs for _, _, obs, _ in batch]), states)
         except Exception as e:  # noqa: BLE001 - the network failed: the server is as good as dead
             self._fail(f"acting failed: {type(e).__name__}: {e}")
             return
         version, replies = self.policy.version, []
         for i, (session, episode, obs, reward) in enumerate(batch):
             policy = self.slot_policy(session.slot)
-            actions, extras = policy.acting_rule().act({k: v[i:i + 1] for k, v in outputs.items()}, policy.rng, True)
+            rule = policy.sampling_rule() if self.recurrent else policy.acting_rule()
+            actions, extras = rule.act({k: v[i:i + 1] for k, v in outputs.items()}, policy.rng, True)
+            if states is not None:  # the state it acted from goes with the step; the next one waits for its next
+                extras["state"], open_episodes[i].state = states[i:i + 1], after[i]
             self.slot_steps[session.slot] += 1
             session.episodes.reward(episode, reward)
             session.episodes.act(episode, obs, actions[0], {k: v[0] for k, v in extras.items()}, version)
@@ -257,9 +266,22 @@ class SimulatorServer:
         for (session, *_), reply in zip(batch, replies):
             session.answered(reply)
 
+    def _states(self, episodes) -> np.ndarray | None:
+        """The recurrent state each episode acts from (zeros at its start); None for a feedforward policy."""
+        if not self.recurrent:
+            return None
+        fresh = self.policy.initial_state(1)[0]
+        return np.stack([fresh if ep.state is None else ep.state for ep in episodes])
+
+    def _remote_only(self) -> None:
+        if self.recurrent:
+            raise ProtocolError("unavailable", f"this run's {self.algo.name} policy is recurrent: it acts on the "
+                                               "server, which keeps each episode's state (inference: remote)")
+
     # --- local inference --------------------------------------------------------------------
     def queue_weights(self, session: Session, have: int) -> dict | None:
         """The weights reply, or None when it waits for the first export (`session.answered` then)."""
+        self._remote_only()
         if self.no_export:
             raise ProtocolError("unavailable", self._unavailable())
         self.want_export = True
@@ -297,6 +319,7 @@ class SimulatorServer:
                 session.answered(self._weights_reply(session, have))
 
     def segment(self, seg, episodes) -> tuple:
+        self._remote_only()
         return self.checks.segment(seg, episodes, MAX_OPEN_EPISODES, self.newest_version())
 
     def newest_version(self) -> int:

@@ -103,6 +103,7 @@ class Episode:
         self.pending: dict[str, np.ndarray] | None = None  # obs, actions, versions, "x/<extra>": one row each
         self.pending_reward = 0.0
         self.ret, self.length = 0.0, 0
+        self.state = None  # a recurrent policy's state before the episode's next action (remote inference)
 
 
 class Episodes:

@@ -128,8 +128,6 @@ def test_a_restored_worker_starts_every_episode_from_a_fresh_state():
     (["rollout.recurrence=5"], r"^config key 'rollout.recurrence': 5 does not divide rollout.fragment_length 16 "),
     (["model.core=none"], r"^config key 'rollout.recurrence': it cuts fragments into trained sequences for an "
                           r"on-policy learner with a model.core; this ppo run has none"),
-    (["external.enabled=true"], r"^config key 'model.core': simulators \(external.enabled\) act with a stateless "
-                                r"policy; ppo with a lstm core"),
 ])
 def test_bad_recurrent_settings_are_one_line(overrides, message):
     cfg = load_config(None, ["algo=ppo", "env.id=CartPole-v1", "model.core=lstm", "rollout.fragment_length=16",

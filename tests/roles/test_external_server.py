@@ -22,10 +22,11 @@ from distrl.roles.factory import make_algorithm
 TOKEN = "s3cret"
 
 
-def make_server(algo="ppo", port=0, **external):
+def make_server(algo="ppo", port=0, overrides=(), weights=None, **external):
     sets = [f"external.{k}={v}" for k, v in external.items()]
-    cfg = load_config(None, [f"algo={algo}", "external.enabled=true", "env.num_envs=2", "rollout.fragment_length=8", *sets])
-    weights = make_algorithm(cfg).make_learner("cpu").get_weights()
+    cfg = load_config(None, [f"algo={algo}", "external.enabled=true", "env.num_envs=2", "rollout.fragment_length=8",
+                             *sets, *overrides])
+    weights = weights or make_algorithm(cfg).make_learner("cpu").get_weights()
     return SimulatorServer(cfg, TOKEN, port, lambda v: None if v == 7 else (7, weights), worker_index=1)
 
 
@@ -394,3 +395,48 @@ def test_local_inference_sends_before_a_batch_nears_the_servers_message_limit():
         taker.stop()
         server.close()
     assert counts["steps"] >= 150 and "errors" not in counts, counts  # several messages, each under the limit
+
+
+def test_a_recurrent_policy_keeps_each_episodes_state_on_the_server_and_learns_from_whole_episodes():
+    """Two episodes of one client, interleaved: each acts from its own state (zeros at its start), and the
+    learner, unrolling the fragment from the states stored with it, gets the log-probs the server acted with."""
+    import torch
+
+    from distrl.algos.actor_critic import estimates, time_major
+    from distrl.models import load_numpy_weights
+
+    core = ["model.core=gru", "model.core_size=8", "model.hidden=[16]", "rollout.recurrence=4"]
+    cfg = load_config(None, ["algo=ppo", "env.id=CartPole-v1", *core])
+    learner = make_algorithm(cfg).make_learner("cpu")
+    torch.manual_seed(0)
+    with torch.no_grad():  # weights whose actions depend on the state
+        for p in learner.net.parameters():
+            p.add_(torch.randn_like(p))
+    weights = learner.get_weights()
+    server = make_server(overrides=core, weights=weights)
+    try:
+        client = Client(f"127.0.0.1:{server.port}", TOKEN)
+        a, b = client.start_episode(), client.start_episode()
+        rng = np.random.default_rng(0)
+        for _ in range(5):  # 5 + 11 steps: whole episodes, laid into the fragment's two columns of 8
+            for episode in (a, b):
+                client.get_action(episode, rng.normal(size=4).tolist())
+                client.log_returns(episode, 1.0)
+        client.end_episode(a, OBS)
+        for _ in range(6):
+            client.get_action(b, rng.normal(size=4).tolist())
+        client.end_episode(b, OBS, truncated=True)
+        local = Client(f"127.0.0.1:{server.port}", TOKEN, inference="local")
+        with pytest.raises(ServerError, match="unavailable: this run's ppo policy is recurrent"):
+            local.get_action(local.start_episode(), OBS)  # its first call pulls weights: refused
+        local.close()
+        client.close()
+        data = server.take(5.0).data
+    finally:
+        server.close()
+    assert data["state"].shape == (1, 2, 1, 8) and (data["state"][0, 0] == 0).all()  # column 0: episode a's start
+    assert (data["state"][0, 1] != 0).any()  # column 1 starts inside episode b (its steps 4-11)
+    assert data["terminated"][4, 0] and not data["truncated"][:, 0].any()  # a's 5 steps, then b's first 3
+    load_numpy_weights(learner.net, weights)
+    est = estimates(learner.net, time_major(data, "cpu"), 4)
+    np.testing.assert_allclose(est.logp.numpy(), data["logp"], atol=2e-5)
