@@ -35,13 +35,9 @@ the counter after each training iteration, measured from the start of sampling.
 
 from __future__ import annotations
 
-import argparse
-import json
-import math
-import shutil
-import sys
-import tempfile
 import time
+
+from sample_factory_common import base_parser, report, run, temp_train_dir, throughput, wall_clock_class
 
 FRAMESKIP = 4
 V5_NAME = "atari_breakout_v5"
@@ -63,86 +59,28 @@ def make_env(full_env_name, cfg=None, env_config=None, render_mode=None):
     return atari_utils.make_atari_env(full_env_name, cfg, env_config, render_mode=render_mode)
 
 
-def rate(stats) -> float:
-    """Count per second over Sample Factory's periodic (time, running count) records, from the first record with a
-    non-zero count to the last: process start-up and the wait for the first batch are left out."""
-    stats = [(t, n) for t, n in stats if n]
-    if len(stats) < 2 or stats[-1][0] <= stats[0][0]:
-        return float("nan")
-    return (stats[-1][1] - stats[0][1]) / (stats[-1][0] - stats[0][0])
-
-
-def r1(x: float):
-    return None if math.isnan(x) else round(x, 1)
-
-
 def main() -> None:
-    ours = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ours.add_argument("--train_for_seconds", type=int, required=True)
-    ours.add_argument("--env", default="atari_breakout", choices=["atari_breakout", V5_NAME])
-    ours.add_argument("--num_workers", type=int, default=2)
-    ours.add_argument("--num_envs_per_worker", type=int, default=4)
-    ours.add_argument("--worker_num_splits", type=int, default=2)
-    ours.add_argument("--keep_dir", action="store_true", help="keep the experiment dir (its sf_log.txt, summaries)")
+    ours = base_parser(__doc__.split("\n")[0], "atari_breakout", ["atari_breakout", V5_NAME])
     args, passthrough = ours.parse_known_args()
 
     from importlib.metadata import version
 
-    from sample_factory.algo.runners.runner import AlgoObserver
     from sample_factory.envs.env_utils import register_env
-    from sample_factory.train import make_runner
     from sf_examples.atari.train_atari import parse_atari_args
 
-    class WallClock(AlgoObserver):
-        """Feeds runner.total_train_seconds, which 2.1.1 leaves at 0, so --train_for_seconds takes effect."""
-
-        t0 = None
-
-        def on_start(self, runner):
-            self.t0 = time.time()
-
-        def on_training_step(self, runner, training_iteration_since_resume):
-            runner.total_train_seconds = time.time() - (self.t0 or time.time())
-
     t_begin = time.time()
-    train_dir = tempfile.mkdtemp(prefix="sf_atari_")
-    try:
+    with temp_train_dir("sf_atari_", args.keep_dir) as train_dir:
         register_env(args.env, make_env)  # train_atari's register_atari_envs(), plus `import ale_py` first
-        cfg = parse_atari_args(argv=[
-            f"--env={args.env}", "--device=cpu", f"--train_dir={train_dir}", "--experiment=bench",
-            f"--num_workers={args.num_workers}", f"--num_envs_per_worker={args.num_envs_per_worker}",
-            f"--worker_num_splits={args.worker_num_splits}", f"--train_for_seconds={args.train_for_seconds}",
-            "--with_wandb=False", *passthrough,
-        ])
-        cfg, runner = make_runner(cfg)
-        runner.register_observer(WallClock())
-        status = runner.init()
-        if status == 0:
-            status = runner.run()
-        frames = runner.total_env_steps_since_resume or 0
-        wall = runner.timing.get("main_loop", float("nan"))
-        steady = rate(runner.fps_stats)
-        sampled = rate(runner.throughput_stats[0])
-        fps = frames / wall if wall else float("nan")
+        cfg, runner, status = run(parse_atari_args, args, train_dir, passthrough, wall_clock_class()())
         out = {
             "framework": "sample-factory", "version": version("sample-factory"), "algo": "APPO",
             "env": args.env, "env_id": V5_GYM_ID if args.env == V5_NAME else "BreakoutNoFrameskip-v4",
             "device": "cpu", "num_workers": cfg.num_workers, "num_envs_per_worker": cfg.num_envs_per_worker,
             "worker_num_splits": cfg.worker_num_splits, "async_rl": cfg.async_rl, "frameskip": cfg.env_frameskip,
-            "status": int(status),
-            "env_frames_per_s": r1(fps), "agent_steps_per_s": r1(fps / cfg.env_frameskip),
-            "env_frames_per_s_steady": r1(steady), "agent_steps_per_s_steady": r1(steady / cfg.env_frameskip),
-            "sampled_agent_steps_per_s": r1(sampled),
-            "env_frames": int(frames), "wall_s": round(wall, 2), "total_wall_s": round(time.time() - t_begin, 2),
+            "status": int(status), **throughput(cfg, runner, t_begin),
             "train_for_seconds": args.train_for_seconds, "extra_args": passthrough,
         }
-        if args.keep_dir:
-            out["experiment_dir"] = f"{train_dir}/bench"
-        print(json.dumps(out), flush=True)
-        sys.exit(0 if status == 0 else 1)
-    finally:
-        if not args.keep_dir:
-            shutil.rmtree(train_dir, ignore_errors=True)
+        report(out, status, args, train_dir)
 
 
 if __name__ == "__main__":
