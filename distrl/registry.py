@@ -17,6 +17,7 @@ ALGORITHMS: dict[str, str] = {
     "a2c": "distrl.algos.a2c:A2C",
     "a3c": "distrl.algos.a3c:A3C",
     "ppo": "distrl.algos.ppo:PPO",
+    "mappo": "distrl.algos.mappo:MAPPO",
     "impala": "distrl.algos.impala:Impala",
     "bc": "distrl.algos.bc:BC",
     "cql": "distrl.algos.cql:CQL",

@@ -266,8 +266,14 @@ def cut_fraction(rows: dict[str, torch.Tensor]) -> torch.Tensor:
     return rows["first"][:, 1:].any(1).float().mean()
 
 
-def normalize(x: torch.Tensor) -> torch.Tensor:
-    return (x - x.mean()) / (x.std(unbiased=False) + 1e-8)
+def normalize(x: torch.Tensor, live: torch.Tensor | None = None) -> torch.Tensor:
+    """Standardized over every entry, or over those where `live` is 1."""
+    if live is None:
+        return (x - x.mean()) / (x.std(unbiased=False) + 1e-8)
+    count = live.sum().clamp(min=1.0)
+    mean = (x * live).sum() / count
+    std = (((x - mean) * live).square().sum() / count).sqrt()
+    return (x - mean) / (std + 1e-8)
 
 
 def actor_critic_loss(logp: torch.Tensor, entropy: torch.Tensor, values: torch.Tensor,

@@ -45,23 +45,25 @@ class PPOConfig(GAEConfig):
 
 def ppo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
              values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
-             entropy: torch.Tensor, cfg) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Clipped surrogate + (optionally clipped) value loss - entropy bonus, with diagnostics."""
+             entropy: torch.Tensor, cfg, live: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped surrogate + (optionally clipped) value loss - entropy bonus, with diagnostics; means over the
+    rows where `live` is 1 (an agent in its episode) when given."""
+    mean = torch.mean if live is None else (lambda x: (x * live).sum() / live.sum().clamp(min=1.0))
     log_ratio = logp - old_logp
     ratio = log_ratio.exp()
     clipped = ratio.clamp(1.0 - cfg.clip, 1.0 + cfg.clip)
-    loss_policy = -torch.min(ratio * advantages, clipped * advantages).mean()
+    loss_policy = -mean(torch.min(ratio * advantages, clipped * advantages))
     err = (values - returns).square()
     if cfg.vf_clip:
         # Pessimistic: the larger of the plain and the clipped-update errors.
         v_clip = old_values + (values - old_values).clamp(-cfg.vf_clip, cfg.vf_clip)
         err = torch.max(err, (v_clip - returns).square())
-    loss_value = 0.5 * err.mean()
-    ent = entropy.mean()
+    loss_value = 0.5 * mean(err)
+    ent = mean(entropy)
     loss = loss_policy + cfg.vf_coef * loss_value - cfg.ent_coef * ent
     with torch.no_grad():
-        approx_kl = ((ratio - 1.0) - log_ratio).mean()  # Schulman's low-variance KL(mu||pi) estimator
-        clip_frac = ((ratio - 1.0).abs() > cfg.clip).float().mean()
+        approx_kl = mean((ratio - 1.0) - log_ratio)  # Schulman's low-variance KL(mu||pi) estimator
+        clip_frac = mean(((ratio - 1.0).abs() > cfg.clip).float())
     return loss, {"loss_policy": loss_policy, "loss_value": loss_value, "entropy": ent,
                   "approx_kl": approx_kl, "clip_frac": clip_frac}
 
@@ -84,10 +86,11 @@ class PPOLearner(ActorCriticLearner):
         c = self.cfg
         t = time_major(batch, self.device)
         adv, returns, est, lag = self.targets(t)
+        live = {"live": t["live"]} if "live" in t else {}  # multi-agent: rows of agents in their episode
         if c.normalize_advantages:
-            adv = normalize(adv)
+            adv = normalize(adv, *live.values())
         data = sample_rows(t, est, self.recurrence, old_logp=t["logp"], adv=adv, old_values=est.values,
-                           returns=returns)
+                           returns=returns, **live)
         sums: torch.Tensor | None = None  # per stat, over the minibatches whose step was taken
         taken, steps = torch.zeros((), device=adv.device), 0
         for _ in range(c.epochs):  # minibatches of rows: steps, or a recurrent net's whole sequences
@@ -110,7 +113,8 @@ class PPOLearner(ActorCriticLearner):
 
     def sample_loss(self, s: dict[str, torch.Tensor]):
         logp, entropy, values = self.net.evaluate(s["obs"], s["actions"], s.get("state"), s.get("first"))
-        loss, terms = ppo_loss(logp, s["old_logp"], s["adv"], values, s["old_values"], s["returns"], entropy, self.cfg)
+        loss, terms = ppo_loss(logp, s["old_logp"], s["adv"], values, s["old_values"], s["returns"], entropy, self.cfg,
+                               s.get("live"))
         return loss, terms, {}
 
 

@@ -59,13 +59,13 @@ def test_each_class_declares_itself_consistently(name):
 
 
 def test_capabilities_come_from_the_classes():
-    assert with_capability("gradient_workers") == ["apex_dqn", "ppo", "impala", "bc", "cql"]
-    assert with_capability("multi_agent") == ["dhc"]
+    assert with_capability("gradient_workers") == ["apex_dqn", "ppo", "mappo", "impala", "bc", "cql"]
+    assert with_capability("multi_agent") == ["dhc", "mappo"]
     assert with_capability("offline") == ["bc", "cql"]
     assert "a3c" not in with_capability("central_inference")
     for flag in FLAGS:
         assert with_capability(flag) == [n for n in ALGORITHMS if getattr(algorithm(n), flag)]
-    assert [n for n in ALGORITHMS if on_policy(n)] == ["a2c", "a3c", "ppo", "impala"]
+    assert [n for n in ALGORITHMS if on_policy(n)] == ["a2c", "a3c", "ppo", "mappo", "impala"]
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
