@@ -116,7 +116,7 @@ class MAPPO(PPO):
     model_config = ModelConfig
     multi_agent = True
     external = False
-    actions = ("discrete",)  # what the multi-agent adapter steps
+    actions = ("discrete", "box")  # what the multi-agent adapter steps
     structured_obs = False   # one Box per agent (the adapter pads them to one shape)
     policy_cls = MAPPOPolicy
 

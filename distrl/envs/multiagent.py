@@ -20,8 +20,9 @@ Meaning of the arrays after a step:
 - Agents are indexed in `possible_agents` order. Agents absent from `env.agents` are inactive.
 - Observation spaces must be `Box`. If every agent has the same shape it is kept (so an image
   stays (C, H, W)); if shapes differ, every observation is flattened and zero-padded at the end
-  to the largest size (bounds padded with 0). Action spaces must be `Discrete` of one size;
-  actions are 0-based (the space's `start` is added for the env).
+  to the largest size (bounds padded with 0). Action spaces must be `Discrete` of one size
+  (actions are 0-based: the space's `start` is added for the env), or one `Box` shared by every
+  agent (MPE's `continuous_actions: true`; actions (N, *shape)).
 - Episode end: when no agent is live. `terminated` if every agent that was live before the last
   step terminated, else `truncated`.
 - Communication mask, first that applies: the `comm_fn(env, active)` given; the env's own
@@ -68,7 +69,7 @@ class MAStep:
 
 
 class MultiAgentEnv(abc.ABC):
-    """N agents sharing one observation space and one Discrete action space."""
+    """N agents sharing one observation space and one action space (Discrete, or a Box for MAPPO)."""
 
     num_agents: int
     observation_space: spaces.Box
@@ -162,10 +163,16 @@ class ParallelEnvAdapter(MultiAgentEnv):
         act_spaces = [self.env.action_space(a) for a in self.agent_ids]
         if not all(isinstance(s, spaces.Box) for s in obs_spaces):
             raise EnvError(f"observation spaces must be Box, got {sorted({type(s).__name__ for s in obs_spaces})}")
-        if not all(isinstance(s, spaces.Discrete) for s in act_spaces) or len({int(s.n) for s in act_spaces}) != 1:
-            raise EnvError(f"action spaces must be Discrete of one size, got {act_spaces[:3]}...")
-        self._starts = [int(s.start) for s in act_spaces]
-        self.action_space = spaces.Discrete(int(act_spaces[0].n))
+        self._box = all(isinstance(s, spaces.Box) for s in act_spaces)
+        if self._box:  # continuous actions (MPE's continuous_actions): one Box, the same for every agent
+            if any(s != act_spaces[0] for s in act_spaces):
+                raise EnvError(f"Box action spaces must be one and the same for every agent, got {act_spaces[:3]}...")
+            self._starts, self.action_space = [0] * len(act_spaces), act_spaces[0]
+        elif not all(isinstance(s, spaces.Discrete) for s in act_spaces) or len({int(s.n) for s in act_spaces}) != 1:
+            raise EnvError(f"action spaces must be Discrete of one size, or one Box, got {act_spaces[:3]}...")
+        else:
+            self._starts = [int(s.start) for s in act_spaces]
+            self.action_space = spaces.Discrete(int(act_spaces[0].n))
         shapes = {s.shape for s in obs_spaces}
         self._flatten = len(shapes) > 1  # differing shapes: flatten and zero-pad to the largest
         if not self._flatten:
@@ -219,10 +226,11 @@ class ParallelEnvAdapter(MultiAgentEnv):
     def step(self, actions: np.ndarray) -> MAStep:
         if self._over:
             raise RuntimeError("step() after the episode ended: call reset()")
-        actions = np.asarray(actions).reshape(self.num_agents)
+        actions = np.asarray(actions).reshape(self.num_agents, *self.action_space.shape)
         before = self._live
         live_now = set(self.env.agents)
-        acts = {a: int(actions[i]) + self._starts[i] for i, a in enumerate(self.agent_ids) if a in live_now}
+        acts = {a: actions[i] if self._box else int(actions[i]) + self._starts[i]
+                for i, a in enumerate(self.agent_ids) if a in live_now}
         obs, rew, term, trunc, infos = self.env.step(acts)
         rewards = np.array([float(rew.get(a, 0.0)) for a in self.agent_ids], np.float32) * before
         terms = np.array([bool(term.get(a, False)) for a in self.agent_ids])

@@ -69,15 +69,16 @@ def test_rows_that_are_not_live_change_no_loss():
     assert ppo_loss(*[v[:4] for v in x], c)[0].item() == pytest.approx(loss.item(), rel=1e-6)
 
 
-@pytest.mark.parametrize("critic", ["central", "local"])
-def test_one_update_on_a_real_rollout_of_simple_spread(critic):
-    algo = make(critic)
+@pytest.mark.parametrize("critic, continuous", [("central", False), ("local", False), ("central", True)])
+def test_one_update_on_a_real_rollout_of_simple_spread(critic, continuous):
+    kwargs = {**KWARGS, "continuous_actions": continuous}
+    algo = make(critic, f"env.kwargs={kwargs}")
     learner = algo.make_learner("cpu")
     policy = algo.make_policy(0, 1, 0)
     policy.set_weights(learner.get_weights(), 0)
-    envs = MultiAgentVectorEnv(SPREAD, 2, 0, KWARGS)
+    envs = MultiAgentVectorEnv(SPREAD, 2, 0, kwargs)
     data = Rollout(policy, envs, 12, 0).sample().data
-    assert data["rewards"].shape == (12, 6) and data["actions"].shape == (12, 6)
+    assert data["rewards"].shape == (12, 6) and data["actions"].shape == ((12, 6, 5) if continuous else (12, 6))
     critic_keys = {"joint", "agent"} if critic == "central" else {"own", "agent"}
     assert set(learner.net.v_torso.keys) == critic_keys and set(learner.net.pi_torso.keys) == {"own", "agent"}
     before = {k: v.copy() for k, v in learner.get_weights().items()}
@@ -85,4 +86,6 @@ def test_one_update_on_a_real_rollout_of_simple_spread(critic):
     assert learner.updates == 1 and math.isfinite(out["loss"])
     assert any(not np.array_equal(before[k], v) for k, v in learner.get_weights().items())
     actions, _ = policy.act(envs.obs, explore=False)
-    assert actions.shape == (2, 3)
+    assert actions.shape == ((2, 3, 5) if continuous else (2, 3))
+    if continuous:  # the Box's bounds, [0, 1] for MPE
+        assert actions.min() >= 0.0 and actions.max() <= 1.0

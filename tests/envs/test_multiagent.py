@@ -227,9 +227,21 @@ def test_agents_that_left_get_nothing_even_if_the_env_reports_them():
     assert st.terminated and st.rewards.tolist() == [0.0, 2.0] and st.info["return_mean"] == 2.5
 
 
-def test_non_box_or_mixed_actions_rejected():
-    with pytest.raises(EnvError, match="Discrete"):
-        ParallelEnvAdapter(TwoShapes(act_space=spaces.Box(0, 1, (2,))))
+def test_one_box_for_every_agent_is_continuous_actions_and_mixed_actions_are_rejected():
+    box = spaces.Box(0, 1, (2,), np.float32)
+    adapter = ParallelEnvAdapter(TwoShapes(act_space=box))
+    assert adapter.action_space == box
+    adapter.reset(seed=0)
+    adapter.step(np.array([[0.1, 0.2], [0.3, 0.4]], np.float32))
+    np.testing.assert_array_equal(adapter.env.got["b"], np.array([0.3, 0.4], np.float32))  # each agent's row, as given
+    mixed = TwoShapes()
+    mixed.action_space = lambda agent: box if agent == "a" else spaces.Discrete(3)
+    with pytest.raises(EnvError, match="Discrete of one size, or one Box"):
+        ParallelEnvAdapter(mixed)
+    other = TwoShapes()
+    other.action_space = lambda agent: box if agent == "a" else spaces.Box(-1, 1, (2,), np.float32)
+    with pytest.raises(EnvError, match="one and the same for every agent"):
+        ParallelEnvAdapter(other)
     with pytest.raises(EnvError, match="positions"):
         ParallelEnvAdapter(TwoShapes(), comm_k=2)
 
