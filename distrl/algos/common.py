@@ -124,12 +124,13 @@ class NetworkPolicy(Policy):
     def run(self, method: str, *inputs):
         """`self.net.<method>(*inputs)` on numpy inputs (None passes through), as numpy arrays.
 
-        On the CPU, a method of one array input runs as its numpy program where the network has one
-        (`distrl.models.numpy_run`: the same module's ops without torch's per-op dispatch).
+        On the CPU, a method of one input (an array, or a tree of them: a Dict or Tuple observation) runs
+        as its numpy program where the network has one (`distrl.models.numpy_run`: the same module's ops
+        without torch's per-op dispatch).
         """
         if not self.loaded:
             raise RuntimeError(f"{type(self).__name__} has no weights yet: call set_weights first")
-        if self.device.type == "cpu" and len(inputs) == 1 and isinstance(inputs[0], np.ndarray):
+        if self.device.type == "cpu" and len(inputs) == 1 and isinstance(inputs[0], (np.ndarray, dict, tuple)):
             if method not in self.programs:
                 self.programs[method] = numpy_program(self.net, method, inputs[0])
             program = self.programs[method]
