@@ -57,6 +57,7 @@ def local_fragments(cfg, weights, fragments_each: int = 3) -> list[list[tuple]]:
     ("sac_pendulum.yaml", ["sac.random_steps=0"]),  # past the uniform warm-up: the actor's network acts
     ("impala_lunarlander.yaml", []),
     ("r2d2_position_only_cartpole.yaml", ["rollout.fragment_length=40"]),  # sequences complete: stored states
+    ("ppo_lstm_position_only_cartpole.yaml", []),  # each fragment's start states, truncations' final values
     ("dhc_mapf_8x8.yaml", ["rollout.fragment_length=40", "env.num_envs=4"]),  # per-agent states, comm masks
 ])
 def test_central_inference_gives_the_fragments_local_inference_gives(ray_session, config, overrides):
@@ -91,6 +92,8 @@ def test_central_inference_gives_the_fragments_local_inference_gives(ray_session
     assert compared > 0
     if cfg.algo in ("r2d2", "dhc"):  # stored sequence-start states came from the server, and are not all zero
         assert any(data["item/state"].any() for data, _ in central[0])
+    if cfg.model.core != "none":  # a later fragment starts from the states the server carried over
+        assert all(data["state"].any() for data, _ in central[0][1:])
     # The workers step in lockstep through the server: every batch held one step of each.
     assert stats["batches"] > 0 and stats["requests"] == 2 * stats["batches"], stats
 
