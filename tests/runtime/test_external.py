@@ -10,6 +10,7 @@ import threading
 import time
 
 from distrl.api import train
+from distrl.observe.metrics import request_stop
 from tests.runtime.processes import new_pids, snapshot
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -37,6 +38,11 @@ def simulator(run_dir: str, seconds: float, seed: int, *args: str) -> subprocess
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def steps_at(metrics: str) -> int:
+    """The env steps of metrics.csv's newest row."""
+    return int(open(metrics).readlines()[-1].split(",")[1])
+
+
 def result(proc: subprocess.Popen, timeout_s: float = 90) -> dict:
     out, err = proc.communicate(timeout=timeout_s)
     assert proc.returncode == 0, err[-2000:]
@@ -50,14 +56,16 @@ def test_the_stdlib_protocol_simulator_has_no_distrl_inside():
 
 
 def test_ppo_learns_cartpole_from_a_stdlib_simulator_and_a_local_inference_client(tmp_path):
-    """Single mode: the server is a thread of the driver. 475 (greedy, 20 episodes) well within the budget
-    (it takes ~15-30 s here)."""
+    """Single mode: the server is a thread of the driver. 475 (greedy, 20 episodes) well within the step budget
+    (it takes 15-30 s on a fast 2-core VM, up to ~90 s on a slow one beside the suite's other process); the
+    clients play until the run ends, its solve or its time limit (there only against a hang)."""
     run_dir = str(tmp_path / "run")
-    sims = [simulator(run_dir, 100, 1, "stdlib"),
-            simulator(run_dir, 100, 2, "--inference", "local", "--weights-interval", "1", "--reconnect", "2")]
+    sims = [simulator(run_dir, 600, 1, "stdlib"),
+            simulator(run_dir, 600, 2, "--inference", "local", "--weights-interval", "1", "--reconnect", "2")]
     try:
         summary = train(os.path.join(ROOT, "configs", "ppo_cartpole.yaml"), run_dir=run_dir,
-                        overrides=["external.enabled=true", "log.progress=false", "stop.max_seconds=90"])
+                        overrides=["external.enabled=true", "log.progress=false", "stop.max_env_steps=60000",
+                                   "stop.max_seconds=400"])
     finally:
         outs = [result(p) for p in sims]
     assert summary["solved"], summary
@@ -78,7 +86,7 @@ def test_the_run_survives_clients_killed_and_added_and_its_server_killed(ray_ses
     reconnect and go on), then a new client joins."""
     run_dir = str(tmp_path / "run")
     before = snapshot("ExternalServer")
-    sims = [simulator(run_dir, 60, seed, "--reconnect", "30") for seed in (1, 2)]
+    sims = [simulator(run_dir, 600, seed, "--reconnect", "30") for seed in (1, 2)]
     events: dict = {}
 
     def chaos():
@@ -100,16 +108,28 @@ def test_the_run_survives_clients_killed_and_added_and_its_server_killed(ray_ses
             if len(steps) >= 3 and steps[-1] > steps[0]:
                 break
             time.sleep(0.1)
-        events["steps_at_server_kill"] = int(open(metrics).readlines()[-1].split(",")[1])
+        events["steps_at_server_kill"] = steps_at(metrics)
         os.kill(new_pids("ExternalServer", before)[0], signal.SIGKILL)
         time.sleep(5)
-        sims.append(simulator(run_dir, 60, 3))
+        newcomer = simulator(run_dir, 600, 3, "--episodes", "3")
+        sims.append(newcomer)
+        # The run ends once the newcomer has played its episodes and 2,000 steps came after the kill, however long
+        # this machine took to get here (the run's time limit is only against a hang).
+        deadline, enough = time.time() + 180, events["steps_at_server_kill"] + 2000
+        while time.time() < deadline and not (newcomer.poll() is not None and steps_at(metrics) > enough):
+            time.sleep(0.2)
 
-    thread = threading.Thread(target=chaos, daemon=True)
+    def chaos_then_stop():
+        try:
+            chaos()
+        finally:
+            request_stop(run_dir, "chaos_done")
+
+    thread = threading.Thread(target=chaos_then_stop, daemon=True)
     thread.start()
     try:
         summary = train(os.path.join(ROOT, "configs", "apex_dqn_cartpole.yaml"), run_dir=run_dir,
-                        overrides=["external.enabled=true", "log.progress=false", "stop.max_seconds=40",
+                        overrides=["external.enabled=true", "log.progress=false", "stop.max_seconds=400",
                                    "eval.target_return=null", "log.interval_s=0.5", "eval.episodes=2"])
     finally:
         thread.join(10)
@@ -117,7 +137,9 @@ def test_the_run_survives_clients_killed_and_added_and_its_server_killed(ray_ses
             p.kill()
         outs = [p.communicate(timeout=30) for p in sims]
     assert summary["failure"] is None, summary["failure"]
+    assert summary["stop_reason"] == "chaos_done", summary["stop_reason"]
     assert events.get("cut_client_said") == "mid-episode", events
+    assert json.loads(outs[-1][0].strip().splitlines()[-1])["episodes"] == 3  # the newcomer played
     assert summary["external_restarts"] == 1 and summary["worker_restarts"] == 0
     ext = summary["external"]
     assert ext.get("episodes_cut", 0) >= 1 and ext.get("steps_lost", 0) >= 5, ext  # 4 complete, 1 pending
