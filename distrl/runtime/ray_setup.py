@@ -25,6 +25,12 @@ ACTOR_GONE = (RayActorError, ActorUnavailableError)  # dead, or being restarted 
 SYSTEM_CONFIG = {"worker_niceness": 0}
 
 
+def leave_ray() -> None:
+    """Stop the embedded Ray (or leave the cluster), if this process joined one."""
+    if ray.is_initialized():
+        ray.shutdown()
+
+
 def init_ray(address: str | None, user_modules: list | None = None) -> None:
     """Join `address`, or start Ray embedded: no dashboard, Ray's own token authentication (its default:
     a token in ~/.ray/auth_token, made on first use). On a cluster, `user_modules` (the user's own code a
