@@ -32,11 +32,12 @@ def bfs_lower_bounds(kwargs: dict, seeds: range) -> tuple[float, float]:
 
 def test_dhc_reaches_90_percent_success_on_4_agents_8x8(tmp_path):
     """Seeds 0-2 reach it in 112k, 75k and 117k env steps (bench/results/solve_dhc_mapf_8x8_vs_53bd0a7.json):
-    seed 1 is the one run here, and the budget leaves over 2x for the slowest of the three."""
+    seed 1 is the one run here, and the step budget leaves over 2x for the slowest of the three (its time limit
+    is only against a hang: 75k steps took 280 s on a slow 2-core VM beside the suite's other process)."""
     run_dir = str(tmp_path / "run")
     # No checkpoint before the end (each holds the ~1 GB replay): resume is tested below.
     summary = train(DHC, run_dir=run_dir, overrides=["mode=single", "seed=1", "stop.max_env_steps=250000",
-                                                     "stop.max_seconds=300", "checkpoint.interval_s=3600", *QUIET])
+                                                     "stop.max_seconds=900", "checkpoint.interval_s=3600", *QUIET])
     assert summary["solved"], summary
     best = json.load(open(os.path.join(run_dir, "checkpoints", "best.json")))
     metrics = best["metrics"]
