@@ -151,7 +151,7 @@ def export(run_dir: str, onnx: str | None = None, torchscript: str | None = None
         module = acting_network(policy, _observation_normalization(weights, cfg.env.normalize))
     except ExportError as e:
         raise ConfigError(f"{run_dir}: {cfg.algo}'s policy cannot be exported: {e}") from None
-    example = example_batch(policy.spec.observation_space)
+    example = example_batch(policy.acting_space)
     written = {}
     for path, write in ((onnx, onnx_bytes), (torchscript, torchscript_bytes)):
         if path:

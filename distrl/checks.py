@@ -44,7 +44,11 @@ def validate(cfg: Config, address: str | None = None, resuming: bool = False) ->
         raise ConfigError(f"config key 'algo': {problem} ({cfg.env.id})")
     from distrl.roles.factory import make_algorithm
 
-    _check_torsos(make_algorithm(cfg, spec), cfg.model)
+    built = make_algorithm(cfg, spec)
+    problem = built.check_config()
+    if problem:
+        raise ConfigError(f"{problem} ({cfg.env.id})")
+    _check_torsos(built, cfg.model)
     _check_recurrence(cfg, algo)
     _check_normalize(cfg.env.normalize, algo.multi_agent, bool(cfg.data.dataset), cfg.rollout.inference)
     _check_datasets(cfg, algo, spec, resuming)
@@ -277,9 +281,9 @@ def _check_multiagent_env(env_cfg: EnvConfig):
     EnvError."""
     import numpy as np
 
-    from distrl.core import EnvSpec
     from distrl.envs import EnvError
     from distrl.envs.multiagent import make_multiagent_env
+    from distrl.roles.factory import multiagent_spec
 
     if env_cfg.wrappers or env_cfg.preset != "none":
         key = "env.wrappers" if env_cfg.wrappers else "env.preset"
@@ -288,7 +292,7 @@ def _check_multiagent_env(env_cfg: EnvConfig):
     try:
         env.reset(seed=0)
         env.step(np.zeros(env.num_agents, np.int64))
-        return EnvSpec(env.observation_space, env.action_space, env.num_agents)
+        return multiagent_spec(env)
     except EnvError:
         raise
     except Exception as e:  # noqa: BLE001 - whatever the env raises, its config made it

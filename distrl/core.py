@@ -34,15 +34,16 @@ Batch = dict[str, np.ndarray]
 
 @dataclass
 class EnvSpec:
-    """What an algorithm needs to know about an environment to build its networks: one agent's spaces
-    (and how many agents act at once, for multi-agent envs)."""
+    """What an algorithm knows of an env to build its networks: one agent's spaces, how many agents act at once."""
 
     observation_space: Any
     action_space: Any
     num_agents: int = 1
     frame_stack: int = 0
-    """Observations are stacks of this many frames on their first axis, each step's stack the previous one
-    shifted by a frame (gymnasium's FrameStackObservation); 0: they are not. Replay then stores each frame once."""
+    """Observations are stacks of this many frames on their first axis, each step's the previous one shifted by a
+    frame (gymnasium's FrameStackObservation); 0: they are not. Replay then stores each frame once."""
+    state_space: Any = None
+    """A multi-agent env's global state (`MAStep.state`, what a central critic may read); None: it has none."""
 
 
 @dataclass
@@ -94,11 +95,10 @@ class Fragment:
 class Policy(abc.ABC):
     """The acting half of an algorithm: lives in rollout workers and the evaluator.
 
-    A policy that can act through a central `InferenceServer` splits acting in two: `forward`, the
-    weights' arithmetic (row-wise, no randomness: the part a server batches over every worker), and
-    `act`, which explores on its outputs with the worker's own RNG and schedule. It reaches `forward`
-    through `self.inference` (`infer` while acting, `evaluate` for what postprocessing needs), which
-    is a `LocalInference` unless the worker was given a server.
+    A policy that can act through a central `InferenceServer` splits acting in two: `forward`, the weights'
+    arithmetic (row-wise, no randomness: the part a server batches over every worker), and `act`, which explores
+    on its outputs with the worker's own RNG and schedule. It reaches `forward` through `self.inference` (`infer`
+    while acting, `evaluate` for what postprocessing needs): a `LocalInference` unless it was given a server.
     """
 
     version: int = -1
@@ -122,10 +122,9 @@ class Policy(abc.ABC):
         return None
 
     def acting_rule(self) -> Any:
-        """How `act` picks actions from `forward`'s outputs (a `distrl.sampling.ActingRule`, with this
-        policy's exploration as it stands now), for whatever runs the network outside this process (a
-        simulator acting locally, an exported file); None when acting needs more than one `forward` of
-        the observation (a recurrent state)."""
+        """How `act` picks actions from `forward`'s outputs (a `distrl.sampling.ActingRule`, with this policy's
+        exploration as it stands now), for whatever runs the network outside this process (a simulator acting
+        locally, an exported file); None when acting needs more than one `forward` of the observation (a state)."""
         return None
 
     def place(self, device: str) -> None:
@@ -139,8 +138,7 @@ class Policy(abc.ABC):
         return self.inference
 
     def infer(self, obs: np.ndarray) -> dict[str, np.ndarray]:
-        """`forward` on this worker's envs, advancing each env's recurrent state ('state' in the
-        outputs: the one before this step)."""
+        """`forward` on this worker's envs, advancing each env's state ('state' in the outputs: the one before)."""
         return self._inference().step(obs)
 
     def evaluate(self, obs: np.ndarray, state: np.ndarray | None = None) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
@@ -151,8 +149,7 @@ class Policy(abc.ABC):
         """Told how many env steps this worker has taken (for exploration schedules)."""
 
     def episodes_ended(self, done: np.ndarray) -> None:
-        """Told which envs of the batch just ended an episode: their next observation starts a new one
-        (a recurrent policy resets their state)."""
+        """Told which envs of the batch ended an episode: the next observation starts one (a state is reset)."""
         self._inference().reset(done)
 
     @abc.abstractmethod
@@ -230,6 +227,10 @@ class Algorithm(abc.ABC):
     @classmethod
     def check_spec(cls, spec: EnvSpec) -> str | None:
         """Why this algorithm can't run on `spec`, or None if it can."""
+        return None
+
+    def check_config(self) -> str | None:
+        """Why its config section can't run on its env (`self.spec`), one line naming the key, or None if it can."""
         return None
 
     def torso_spaces(self) -> list:

@@ -135,8 +135,11 @@ class ActorCriticNet(nn.Module):
             return FactoredCategorical(out, self.factor_index, self.factor_start)
         return Categorical(out) if self.log_std is None else DiagGaussian(out, self.log_std)
 
+    def _policy_out(self, h: torch.Tensor, obs) -> torch.Tensor:
+        return apply_mask(self.pi_head(h), tree.mask_of(obs))
+
     def _outputs(self, h: torch.Tensor, hv: torch.Tensor, obs) -> tuple[torch.Tensor, torch.Tensor]:
-        return apply_mask(self.pi_head(h), tree.mask_of(obs)), self.v_head(hv).squeeze(-1)
+        return self._policy_out(h, obs), self.v_head(hv).squeeze(-1)
 
     def heads(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(policy head output: logits, masked where the observation has an action mask, or Gaussian mean,
@@ -148,14 +151,20 @@ class ActorCriticNet(nn.Module):
         out, value = self.heads(obs)
         return self._dist(out), value
 
-    def _named(self, out: torch.Tensor, value: torch.Tensor) -> dict[str, torch.Tensor]:
-        if self.log_std is None:
-            return {"out": out, "value": value}
-        return {"out": out, "value": value, "log_std": self.log_std.expand_as(out)}
+    def _named(self, out: torch.Tensor, value: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        named = {"out": out} if value is None else {"out": out, "value": value}
+        if self.log_std is not None:
+            named["log_std"] = self.log_std.expand_as(out)
+        return named
 
     def act_outputs(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
         """What acting samples from: the head's output, V(obs) and, for Box actions, the Gaussian's log-std."""
         return self._named(*self.heads(obs))
+
+    def actor_outputs(self, obs) -> dict[str, torch.Tensor]:
+        """`act_outputs` without V(obs), of a feedforward net: only the actor runs (MAPPO's critic reads
+        inputs an agent does not have when it acts)."""
+        return self._named(self._policy_out(self.pi_torso(obs), obs))
 
     def act_step(self, obs: torch.Tensor, state: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """A recurrent net's `act_outputs` of one step from `state` (B, S, C), and the state after it."""

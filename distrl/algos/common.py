@@ -101,6 +101,12 @@ class NetworkPolicy(Policy):
         """The names of `acting_method`'s outputs, in its order (what an exported file calls them)."""
         raise NotImplementedError(f"{type(self).__name__} names no acting outputs")
 
+    @property
+    def acting_space(self) -> spaces.Space:
+        """The space of what `acting_method` takes (what an exported file's inputs are): the env's
+        observation space, unless the policy acts on rows of its own making (MAPPO's agents)."""
+        return self.spec.observation_space
+
     def __init__(self, algo: Algorithm, worker_index: int, num_workers: int, seed: int):
         self.cfg, self.spec = algo.cfg, algo.spec
         self.worker_index, self.num_workers = worker_index, num_workers

@@ -53,12 +53,8 @@ from __future__ import annotations
 import numpy as np
 from gymnasium import spaces
 
-from distrl.envs.multiagent import (
-    MAStep,
-    MultiAgentEnv,
-    ParallelView,
-    comm_mask_from_positions,
-)
+from distrl.envs.comm import comm_mask_from_positions
+from distrl.envs.multiagent import MAStep, MultiAgentEnv, ParallelView
 
 MOVES = np.array([[0, 0], [-1, 0], [1, 0], [0, -1], [0, 1]], np.int64)  # stay, up, down, left, right
 CHANNELS = ("obstacles", "agents", "goal", "toward_up", "toward_down", "toward_left", "toward_right")

@@ -15,6 +15,8 @@ Meaning of the arrays after a step:
 - `comm_mask[i, j]`: i may receive a message from j. Always False on the diagonal and for
   inactive agents (rows and columns). It is computed from the env state at each step so a
   worker can store it with the experience and the learner can reuse it on replay.
+- `state`: the env's global state (float32, `state_space`'s shape), or None where it has none: what a
+  central critic may read at training time (MAPPO's `mappo.central_input: state`).
 
 `ParallelEnvAdapter` wraps any PettingZoo `ParallelEnv`:
 - Agents are indexed in `possible_agents` order. Agents absent from `env.agents` are inactive.
@@ -32,6 +34,8 @@ Meaning of the arrays after a step:
   `agent_positions()` or MPE's `env.unwrapped.world.agents[i].state.p_pos`; otherwise all pairs
   of active agents. `make_multiagent_env` takes `comm_k` and `comm_radius` from `env.kwargs`
   when the env's constructor refuses them (the MAPF gridworld takes `comm_k` itself).
+- Global state: PettingZoo's `env.state()` where the env has a Box `state_space` (MPE's simple_spread:
+  every agent's observation, concatenated: (54,) for 3 agents), as float32; otherwise None.
 - `info` at the end: `return_mean` (mean per-agent return over all possible agents) plus the
   float entries of any agent's `infos[agent]["episode"]` dict (how the MAPF view passes its
   episode metrics through).
@@ -52,6 +56,7 @@ import numpy as np
 from gymnasium import spaces
 from pettingzoo.utils.env import ParallelEnv
 
+from distrl.envs.comm import comm_limits_problem, comm_mask_from_positions, env_positions
 from distrl.envs.factory import EnvError, import_module_of
 
 
@@ -66,6 +71,7 @@ class MAStep:
     active: np.ndarray
     comm_mask: np.ndarray
     info: dict = field(default_factory=dict)
+    state: np.ndarray | None = None
 
 
 class MultiAgentEnv(abc.ABC):
@@ -74,6 +80,8 @@ class MultiAgentEnv(abc.ABC):
     num_agents: int
     observation_space: spaces.Box
     action_space: spaces.Discrete
+    state_space: spaces.Box | None = None
+    """The space of `MAStep.state` (float32), None for an env without a global state."""
 
     @abc.abstractmethod
     def reset(self, seed: int | None = None) -> MAStep:
@@ -87,56 +95,16 @@ class MultiAgentEnv(abc.ABC):
         """Release resources."""
 
 
-def comm_mask_from_positions(positions: np.ndarray, active: np.ndarray, k: int | None = None,
-                             view_radius: float | None = None) -> np.ndarray:
-    """mask[i, j]: j is one of the k nearest active agents of i (Euclidean; ties to the lower index)
-    among those inside i's square view (|dx|, |dy| <= view_radius, a symmetric relation).
-
-    Not symmetric in general: j may be among i's k nearest while i is not among j's.
-    `k=None` keeps every candidate; `view_radius=None` means no view limit.
-    """
-    pos = np.asarray(positions, np.float64)
-    n = len(pos)
-    diff = pos[:, None, :] - pos[None, :, :]
-    cand = active[:, None] & active[None, :] & ~np.eye(n, dtype=bool)
-    if view_radius is not None:
-        cand &= np.abs(diff).max(axis=-1) <= view_radius
-    if k is None or k >= n - 1:
-        return cand
-    d2 = np.where(cand, (diff * diff).sum(axis=-1), np.inf)
-    order = np.argsort(d2, axis=1, kind="stable")  # stable: equal distances keep index order
-    rank = np.empty_like(order)
-    np.put_along_axis(rank, order, np.arange(n)[None, :].repeat(n, 0), axis=1)
-    return cand & (rank < k)
-
-
-def env_positions(env: Any) -> np.ndarray | None:
-    """(N, D) positions of `env.possible_agents` if the env exposes them, else None (NaN rows: unknown)."""
-    if callable(getattr(env, "agent_positions", None)):
-        return np.asarray(env.agent_positions(), np.float64)
-    world = getattr(getattr(env, "unwrapped", None), "world", None)
-    agents = getattr(world, "agents", None)
-    if not agents or not hasattr(agents[0], "state"):
+def _state_space(env: Any) -> spaces.Box | None:
+    """A PettingZoo env's `state_space` as float32 (what `MAStep.state` holds), or None where it has no Box
+    one (PettingZoo's wrappers copy the attribute only where the env has it)."""
+    try:
+        space = getattr(env, "state_space", None)  # None on an AttributeError
+    except NotImplementedError:  # a property that exists and refuses
         return None
-    by_name = {a.name: np.asarray(a.state.p_pos, np.float64) for a in agents}
-    dim = len(next(iter(by_name.values())))
-    return np.stack([by_name.get(a, np.full(dim, np.nan)) for a in env.possible_agents])
-
-
-def comm_limits_problem(env: Any, comm_k: Any, comm_radius: Any, comm_fn: Callable | None = None) -> str | None:
-    """Why `comm_k` / `comm_radius` cannot shape `env`'s communication mask, or None."""
-    if comm_k is None and comm_radius is None:
+    if not isinstance(space, spaces.Box) or not callable(getattr(env, "state", None)):
         return None
-    if comm_k is not None and (isinstance(comm_k, bool) or not isinstance(comm_k, int) or comm_k < 0):
-        return f"comm_k must be an integer >= 0, got {comm_k!r}"
-    if comm_radius is not None and (isinstance(comm_radius, bool) or not isinstance(comm_radius, (int, float))
-                                    or not comm_radius > 0 or not np.isfinite(comm_radius)):
-        return f"comm_radius must be a finite number > 0, got {comm_radius!r}"
-    if comm_fn is not None or callable(getattr(env, "comm_mask", None)):
-        return "the env computes its own communication mask: comm_k and comm_radius do not apply"
-    if env_positions(env) is None:
-        return f"comm_k={comm_k}, comm_radius={comm_radius} need agent positions, and {env} exposes none"
-    return None
+    return spaces.Box(space.low.astype(np.float32), space.high.astype(np.float32), dtype=np.float32)
 
 
 class ParallelEnvAdapter(MultiAgentEnv):
@@ -154,6 +122,7 @@ class ParallelEnvAdapter(MultiAgentEnv):
         if problem:
             raise EnvError(problem)
         self._setup_spaces()
+        self.state_space = _state_space(env)
         self._live = np.zeros(self.num_agents, bool)
         self._returns = np.zeros(self.num_agents, np.float64)
         self._over = True
@@ -221,7 +190,7 @@ class ParallelEnvAdapter(MultiAgentEnv):
         self._returns[:] = 0.0
         self._over = False
         return MAStep(self._obs_array(obs), np.zeros(self.num_agents, np.float32), False, False,
-                      self._live.copy(), self.comm_mask(), {})
+                      self._live.copy(), self.comm_mask(), {}, self._state())
 
     def step(self, actions: np.ndarray) -> MAStep:
         if self._over:
@@ -245,7 +214,12 @@ class ParallelEnvAdapter(MultiAgentEnv):
         truncated = self._over and bool(live.any())
         info = self._episode_info(infos) if self._over else {}
         return MAStep(self._obs_array(obs), rewards, self._over and not truncated, truncated,
-                      live.copy(), self.comm_mask(), info)
+                      live.copy(), self.comm_mask(), info, self._state())
+
+    def _state(self) -> np.ndarray | None:
+        if self.state_space is None:
+            return None
+        return np.asarray(self.env.state(), np.float32).reshape(self.state_space.shape)
 
     def render(self):
         """The PettingZoo env's frame when it was built with render_mode="rgb_array", else None."""

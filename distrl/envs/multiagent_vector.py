@@ -1,9 +1,10 @@
 """A vector of multi-agent envs stepped in one process, with the same step interface as `VectorEnv`.
 
 What the policy acts on, `obs`, is a dict of (E, ...) arrays: `obs` (E, N, *obs_shape), `comm_mask`
-(E, N, N) and `active` (E, N). `step` returns the true next observation of every env as such a dict
-(the final one where an episode ended, before the env is reset for the next act), per-agent rewards
-(E, N), the episode's terminated and truncated flags (E,), and the episodes that ended.
+(E, N, N), `active` (E, N) and, for an env with a global state (`MAStep.state`), `global_state`
+(E, *state_shape). `step` returns the true next observation of every env as such a dict (the final one
+where an episode ended, before the env is reset for the next act), per-agent rewards (E, N), the
+episode's terminated and truncated flags (E,), and the episodes that ended.
 """
 from __future__ import annotations
 
@@ -14,8 +15,12 @@ import numpy as np
 from distrl.envs.multiagent import MAStep, make_multiagent_env
 
 
-def _fields(step: MAStep) -> dict[str, np.ndarray]:
-    return {"obs": np.asarray(step.obs, np.float32), "comm_mask": step.comm_mask, "active": step.active}
+def policy_fields(step: MAStep) -> dict[str, np.ndarray]:
+    """One env's step as the policy reads it (unstacked: the module docstring's dict without E)."""
+    fields = {"obs": np.asarray(step.obs, np.float32), "comm_mask": step.comm_mask, "active": step.active}
+    if step.state is not None:
+        fields["global_state"] = step.state
+    return fields
 
 
 class MultiAgentVectorEnv:
@@ -36,13 +41,13 @@ class MultiAgentVectorEnv:
 
     @staticmethod
     def _stack(steps: list[MAStep]) -> dict[str, np.ndarray]:
-        fields = [_fields(s) for s in steps]
+        fields = [policy_fields(s) for s in steps]
         return {k: np.stack([f[k] for f in fields]) for k in fields[0]}
 
     @staticmethod
     def fields(obs: dict, prefix: str) -> dict:
         """A step's observations as the per-step fields a fragment stores: each of `obs`'s (obs,
-        comm_mask, active)."""
+        comm_mask, active, global_state)."""
         return {prefix + k: v for k, v in obs.items()}
 
     def rng_states(self) -> list[dict]:
@@ -63,15 +68,17 @@ class MultiAgentVectorEnv:
         """One env's step; an exception or a non-finite output ends its episode as a truncation (counted)."""
         try:
             step = self.envs[i].step(actions)
-            if not (np.isfinite(step.rewards).all() and np.isfinite(step.obs).all()):
-                raise FloatingPointError("non-finite observation or reward")
+            finite = [step.rewards, step.obs] + ([] if step.state is None else [step.state])
+            if not all(np.isfinite(x).all() for x in finite):
+                raise FloatingPointError("non-finite observation, state or reward")
             return step
         except Exception:  # noqa: BLE001 - any env bug: end the episode, keep the run going
             self.env_errors += 1
             self.errored[i] = True
             n = self.num_agents
             last = {k: v[i] for k, v in self.obs.items()}
-            return MAStep(last["obs"], np.zeros(n, np.float32), False, True, last["active"], last["comm_mask"], {})
+            return MAStep(last["obs"], np.zeros(n, np.float32), False, True, last["active"], last["comm_mask"], {},
+                          last.get("global_state"))
 
     def step(self, actions: np.ndarray):
         """(next observations (dict), rewards (E, N), terminated (E,), truncated (E,), finished [(return, length)])."""
@@ -90,7 +97,7 @@ class MultiAgentVectorEnv:
             self.episode_return_at_end[i] = ret
             self.episode_info[i] = dict(steps[i].info, return_mean=ret)
             self.episode_return[i], self.episode_length[i] = 0.0, 0
-            for k, v in _fields(self.envs[i].reset()).items():
+            for k, v in policy_fields(self.envs[i].reset()).items():
                 now[k][i] = v
         self.obs = now
         return nxt, rewards, terminated, truncated, finished

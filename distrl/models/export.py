@@ -6,7 +6,10 @@ The file holds the run's observation normalization (env.normalize.obs: its stati
 policy's own `nn.Module` (the one the learner trains) and, for the action, the greedy
 branch of its acting rule (`distrl.sampling`) written in torch: argmax for Q-values and logits, the Box
 mapping of a Gaussian's mean (tanh'd for SAC's). Outputs: `action`, then the policy's `acting_outputs()`
-("q"; "out", "value", "log_std"; "mean", "log_std"), batch axis first and dynamic. ONNX is written by
+("q"; "out", "value", "log_std"; "mean", "log_std"), batch axis first and dynamic. The inputs are those of
+the policy's `acting_space`: the env's observation, or for MAPPO one agent's row of its actor, `agent` (its
+index, int64) and `own` (its observation), each agent one row of the batch (the central critic's inputs
+are training-time only: the file has no value output). ONNX is written by
 torch's TorchScript-based exporter (`dynamo=False`, which needs the `onnx` package: `pip install
 distrl[onnx]`): ~0.1 s for an MLP against ~2.5 s for the dynamo exporter (which also needs onnxscript),
 which matters where a server exports every new version for clients that act locally.
@@ -127,7 +130,7 @@ def acting_network(policy, normalize=None) -> ActingNetwork:
         raise ExportError(f"{type(policy).__name__} acts with a recurrent state and names no rule for its "
                           "actions (sampling_rule()): it does not export")
     return ActingNetwork(policy.net, policy.acting_method, policy.acting_outputs(), rule, normalize,
-                         policy.spec.observation_space, state_shape).eval()
+                         policy.acting_space, state_shape).eval()
 
 
 def _rule(policy, state_shape):

@@ -371,5 +371,5 @@ def export_onnx(policy, version: int, weights: dict) -> bytes:
     from distrl.models.export import acting_network, example_batch, onnx_bytes
 
     policy.set_weights(weights, version)
-    return onnx_bytes(acting_network(policy), example_batch(policy.spec.observation_space))
+    return onnx_bytes(acting_network(policy), example_batch(policy.acting_space))
 

@@ -20,9 +20,14 @@ def spec_of(env_cfg, multi_agent: bool, external=None) -> EnvSpec:
 
     env = make_multiagent_env(env_cfg.id, env_cfg.kwargs)
     try:
-        return EnvSpec(env.observation_space, env.action_space, env.num_agents)
+        return multiagent_spec(env)
     finally:
         env.close()
+
+
+def multiagent_spec(env) -> EnvSpec:
+    """A `MultiAgentEnv`'s spec: one agent's spaces, how many act, and the env's global state."""
+    return EnvSpec(env.observation_space, env.action_space, env.num_agents, state_space=env.state_space)
 
 
 def external_spec(env_cfg, external) -> EnvSpec:

@@ -50,8 +50,9 @@ def render_env(env_cfg, multi_agent: bool, statistics: dict | None = None):
 def _batch(step, space, multi_agent: bool):
     """One env's observation as a batch of one, as a vector env would give it."""
     if multi_agent:
-        return {"obs": np.asarray(step.obs, np.float32)[None], "comm_mask": np.asarray(step.comm_mask)[None],
-                "active": np.asarray(step.active)[None]}
+        from distrl.envs.multiagent_vector import policy_fields
+
+        return {k: np.asarray(v)[None] for k, v in policy_fields(step).items()}
     return np.asarray(step)[None].astype(space.dtype or np.float32, copy=False)
 
 

@@ -15,7 +15,7 @@ from distrl.observe.trace import tracer
 class Rollout:
     """Steps a vector of envs with batched inference and returns one fragment per call.
 
-    With multi-agent envs the policy acts on a dict (obs, comm_mask, active) and the fragment
+    With multi-agent envs the policy acts on a dict (obs, comm_mask, active, global_state) and the fragment
     carries those for every step and, as next_*, for the one after.
     """
 

@@ -1,6 +1,7 @@
 """MAPPO and IPPO: agents as rows of PPO's batch, each with its own episode ends, and only agents in their
 episode in the losses."""
 import math
+import os
 
 import numpy as np
 import pytest
@@ -8,6 +9,7 @@ import torch
 
 from distrl.algos.mappo import agent_rows
 from distrl.algos.ppo import ppo_loss
+from distrl.cli import main
 from distrl.config import load_config
 from distrl.core import Trajectory
 from distrl.envs.multiagent_vector import MultiAgentVectorEnv
@@ -27,12 +29,16 @@ def make(critic="central", *overrides):
 
 def test_an_agents_row_holds_its_observation_its_index_and_for_the_central_critic_everyones():
     obs = np.arange(2 * 3 * 2, dtype=np.float32).reshape(2, 3, 2)  # (E, N, obs)
-    rows = agent_rows(obs, 1, joint=True)
+    rows = agent_rows(obs, 1, "joint")
     assert rows["agent"].tolist() == [[0, 1, 2], [0, 1, 2]]
     np.testing.assert_array_equal(rows["own"][1, 2], obs[1, 2])
     np.testing.assert_array_equal(rows["joint"][1, 0], obs[1].reshape(-1))  # every agent's, in agent order
     np.testing.assert_array_equal(rows["joint"][1, 0], rows["joint"][1, 2])
-    assert "joint" not in agent_rows(obs, 1, joint=False)
+    assert set(agent_rows(obs, 1)) == {"own", "agent"}
+    state = np.arange(2 * 4, dtype=np.float32).reshape(2, 4)  # (E, state): one per env
+    rows = agent_rows(obs, 1, "state", state)
+    assert set(rows) == {"own", "agent", "state"} and rows["state"].shape == (2, 3, 4)
+    np.testing.assert_array_equal(rows["state"][1], np.stack([state[1]] * 3))  # every agent of env 1: its state
 
 
 def test_an_agent_that_leaves_early_ends_its_own_column_and_its_later_rows_are_not_live():
@@ -89,3 +95,39 @@ def test_one_update_on_a_real_rollout_of_simple_spread(critic, continuous):
     assert actions.shape == ((2, 3, 5) if continuous else (2, 3))
     if continuous:  # the Box's bounds, [0, 1] for MPE
         assert actions.min() >= 0.0 and actions.max() <= 1.0
+
+
+def test_the_central_critic_reads_the_global_state_with_central_input_state():
+    algo = make("central", "mappo.central_input=state")
+    assert algo.check_config() is None
+    learner = algo.make_learner("cpu")
+    assert set(learner.net.v_torso.keys) == {"state", "agent"} and set(learner.net.pi_torso.keys) == {"own", "agent"}
+    assert algo.torso_spaces()[1]["state"].shape == (54,)  # simple_spread's state(), for 3 agents
+    policy = algo.make_policy(0, 1, 0)
+    policy.set_weights(learner.get_weights(), 0)
+    envs = MultiAgentVectorEnv(SPREAD, 2, 0, KWARGS)
+    data = Rollout(policy, envs, 12, 0).sample().data
+    assert set(data["obs"]) == {"own", "agent", "state"} and data["obs"]["state"].shape == (12, 6, 54)
+    assert data["next_obs"]["state"].shape == (12, 6, 54)
+    # simple_spread's state is every agent's observation: each of an env's agents' rows holds it.
+    np.testing.assert_array_equal(data["obs"]["state"][:, 0], data["obs"]["own"][:, :3].reshape(12, 54))
+    np.testing.assert_array_equal(data["obs"]["state"][:, 0], data["obs"]["state"][:, 2])
+    assert math.isfinite(update_once(learner, data)["loss"]) and learner.updates == 1
+
+
+def test_central_input_state_on_an_env_without_a_state_is_one_line_exit_2(capsys, tmp_path):
+    import time
+
+    import distrl.cli
+
+    config = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "mappo_simple_spread.yaml")
+    distrl.cli.START = time.time()
+    run_dir = tmp_path / "run"
+    code = main(["train", config, "--run-dir", str(run_dir), "--set", "env.id=distrl.envs.mapf:MAPF",
+                 "--set", "env.kwargs={size: 6, num_agents: 3}", "--set", "mappo.central_input=state"])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and not run_dir.exists(), lines
+    assert lines[0].startswith("distrl: error: config key 'mappo.central_input': state needs an env with a global "
+                               "state") and lines[0].endswith("(distrl.envs.mapf:MAPF)")
+    mapf = ["env.id=distrl.envs.mapf:MAPF", "env.kwargs={size: 6, num_agents: 3}", "mappo.central_input=state"]
+    assert make("local", *mapf).check_config() is None  # IPPO's critic reads no state

@@ -1,4 +1,4 @@
-"""The multi-agent protocol: PettingZoo adapter (mpe2 simple_spread, the MAPF view), comm masks, env ids."""
+"""The multi-agent protocol: PettingZoo adapter (mpe2 simple_spread, the MAPF view), env ids."""
 from __future__ import annotations
 
 import warnings
@@ -13,27 +13,10 @@ from distrl.envs.mapf import MAPF, parallel_env
 from distrl.envs.multiagent import (
     ParallelEnvAdapter,
     ParallelView,
-    comm_mask_from_positions,
     make_multiagent_env,
 )
 
 SPREAD = {"N": 3, "continuous_actions": False, "max_cycles": 25}
-
-
-# --- comm masks --------------------------------------------------------------------------
-def test_comm_mask_from_positions():
-    pos = np.array([[0.0, 0.0], [1.0, 0.0], [3.0, 0.0], [3.5, 0.0], [0.0, 1.0]])
-    active = np.array([True, True, True, True, True])
-    m = comm_mask_from_positions(pos, active, k=1)
-    assert [np.flatnonzero(r).tolist() for r in m] == [[1], [0], [3], [2], [0]]  # 0: 1 and 4 tie -> 1
-    assert not m.diagonal().any() and m[4, 0] and not m[0, 4]
-    m = comm_mask_from_positions(pos, active, view_radius=1.0)
-    assert np.array_equal(m, m.T)
-    assert [np.flatnonzero(r).tolist() for r in m] == [[1, 4], [0, 4], [3], [2], [0, 1]]
-    active[1] = False
-    m = comm_mask_from_positions(pos, active, k=1)
-    assert not m[1].any() and not m[:, 1].any() and m[0, 4]
-    assert not comm_mask_from_positions(pos, active, k=0).any()
 
 
 # --- simple_spread through the adapter ------------------------------------------------------
@@ -61,6 +44,24 @@ def test_simple_spread_shapes_rewards_and_truncation():
     with pytest.raises(RuntimeError):
         env.step(np.zeros(3, int))
     env.close()
+
+
+def test_the_adapters_state_is_the_pettingzoo_envs_global_state():
+    env = make_multiagent_env("mpe2:simple_spread_v3", SPREAD)
+    raw = simple_spread_v3.parallel_env(**SPREAD)
+    assert env.state_space.shape == (54,) and env.state_space.dtype == np.float32
+    st = env.reset(seed=3)
+    raw.reset(seed=3)
+    assert st.state.dtype == np.float32
+    np.testing.assert_array_equal(st.state, raw.state())
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        actions = rng.integers(0, 5, 3)
+        st = env.step(actions)
+        raw.step({a: int(x) for a, x in zip(raw.possible_agents, actions)})
+        np.testing.assert_array_equal(st.state, raw.state())
+    mapf = MAPF(size=6, num_agents=3)  # no global state
+    assert mapf.state_space is None and mapf.reset(seed=0).state is None
 
 
 @pytest.mark.parametrize("through", ["adapter", "env.kwargs"])

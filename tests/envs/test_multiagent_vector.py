@@ -57,3 +57,15 @@ def test_a_pettingzoo_envs_comm_k_comes_from_the_config():
         vec.step(np.zeros((2, 3), np.int64))
     default = MultiAgentVectorEnv(cfg.env.id, 1, cfg.seed, {**cfg.env.kwargs, "comm_k": None})
     assert (default.obs["comm_mask"].sum(axis=-1) == 2).all()
+
+
+def test_a_global_state_is_stacked_with_the_observations_and_kept_by_a_failing_env(monkeypatch):
+    kwargs = {"N": 3, "continuous_actions": False, "max_cycles": 25}
+    vec = MultiAgentVectorEnv("mpe2:simple_spread_v3", 2, 0, kwargs)
+    assert vec.obs["global_state"].shape == (2, 54) and vec.obs["global_state"].dtype == np.float32
+    before = vec.obs["global_state"].copy()
+    monkeypatch.setattr(vec.envs[1], "step", lambda actions: (_ for _ in ()).throw(RuntimeError("boom")))
+    nxt, *_ = vec.step(np.zeros((2, 3), np.int64))
+    assert set(vec.fields(nxt, "next_")) == {"next_obs", "next_comm_mask", "next_active", "next_global_state"}
+    np.testing.assert_array_equal(nxt["global_state"][1], before[1])  # the failed env's last state
+    assert "global_state" not in MultiAgentVectorEnv(MAPF_ID, 1, 0, SMALL).obs

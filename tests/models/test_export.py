@@ -219,6 +219,43 @@ def test_distrl_export_of_a_recurrent_run_takes_and_returns_the_state(tmp_path, 
     assert np.abs(state).min() > 0
 
 
+@pytest.mark.parametrize("continuous", [False, True])
+def test_distrl_export_of_a_mappo_run_writes_one_agents_actor(tmp_path, capsys, continuous):
+    """The file takes one agent's row, `agent` and `own` (the central critic's inputs are the learner's only),
+    and acts as the run's policy over steps of simple_spread."""
+    from distrl.api import _run_policy
+    from distrl.envs.multiagent_vector import MultiAgentVectorEnv
+
+    spread, kwargs = "mpe2:simple_spread_v3", {"N": 3, "continuous_actions": continuous, "max_cycles": 25}
+    d = run_dir(tmp_path, "mappo", f"env.id={spread}", f"env.kwargs={kwargs}", "mappo.central_input=state")
+    cfg = load_config(os.path.join(d, "config.yaml"))
+    rng = np.random.default_rng(1)  # weights with some noise: greedy actions that differ between agents
+    weights = {k: v + 0.3 * rng.standard_normal(v.shape).astype(v.dtype)
+               for k, v in make_algorithm(cfg).make_learner("cpu").get_weights().items()}
+    save_best(d, weights, {"version": 3, "return_mean": -20.0})
+    path = str(tmp_path / "actor.onnx")
+    assert main(["export", d, "--onnx", path]) == 0
+    outputs = ["out", "log_std"] if continuous else ["out"]
+    assert f"outputs {', '.join(['action', *outputs])}" in capsys.readouterr().out
+    session = ort.InferenceSession(path)
+    assert [i.name for i in session.get_inputs()] == ["agent", "own"]
+    assert [o.name for o in session.get_outputs()] == ["action", *outputs]
+    policy, _, _ = _run_policy(d, cfg)
+    envs = MultiAgentVectorEnv(spread, 2, 0, kwargs)
+    for _ in range(5):
+        rows = {"agent": np.tile(np.arange(3), 2), "own": envs.obs["obs"].reshape(6, -1)}
+        got = dict(zip(["action", *outputs], session.run(None, rows)))
+        with torch.no_grad():
+            want = policy.net.actor_outputs({k: torch.as_tensor(v) for k, v in rows.items()})
+        for name in outputs:
+            np.testing.assert_allclose(got[name], want[name].numpy(), rtol=1e-4, atol=1e-5)
+        actions, _ = policy.act(envs.obs, explore=False)
+        np.testing.assert_allclose(got["action"], actions.reshape(6, *actions.shape[2:]), rtol=0, atol=1e-5)
+        envs.step(actions)
+    if not continuous:
+        assert len(set(actions.reshape(-1).tolist())) > 1
+
+
 @pytest.mark.parametrize("algo, args, message", [
     ("dhc", ["--onnx", "{tmp}/x.onnx"], "recurrent"),
     ("ppo", [], "--onnx"),
