@@ -27,7 +27,7 @@ run: setup
 # costly fixture (a traced run, a three-node cluster) is built once, in file order; the modules that mostly
 # wait run one after another on one process (WAITING_MODULES in tests/conftest.py).
 test: setup
-	$(BIN)/python -m pytest tests -n 2 --dist loadfile --no-loadscope-reorder --durations=15
+	$(BIN)/python -m pytest tests -n 2 --dist loadfile --no-loadscope-reorder --durations=40
 
 # The documentation site (mkdocs.yml): docs/ plus the pages docsgen/ generates from the code, into site/.
 # --strict: a broken link, a stale reference or an example without its annotation fails the build.
