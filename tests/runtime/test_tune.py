@@ -1,5 +1,5 @@
-"""`distrl tune`: sweeps of PPO CartPole (single-mode trials) on Ray Tune: a grid to its end, ASHA stopping
-the bad trials early, a killed sweep resumed without running its finished trials again, bad input."""
+"""`distrl tune`: sweeps of PPO CartPole (single-mode trials) on Ray Tune: a grid with ASHA stopping its bad
+trials early and tabling every trial, a killed sweep resumed without running its finished trials again, bad input."""
 from __future__ import annotations
 
 import csv
@@ -105,54 +105,48 @@ def test_resume_of_a_dir_that_holds_no_sweep_is_one_line(tmp_path, capsys):
     assert "is not a distrl sweep dir" in err and err.count("\n") == 1
 
 
-def test_grid_sweep_runs_every_trial_and_tables_them(tmp_path, ray_session):
-    sweep_dir = str(tmp_path / "grid")
-    out = run_sweep(CONFIG, ["ppo.lr=3e-3,1e-3", "seed=0,1"], overrides=FAST + ["stop.max_env_steps=1024"],
-                    sweep_dir=sweep_dir, max_concurrent=2, **API)
+def test_an_asha_grid_sweep_tables_every_trial_and_stops_those_that_learn_nothing_early(tmp_path, ray_session):
+    """One sweep of four learning rates: first two that learn, then two too small to move the policy. Those
+    start only once one of the first has ended (two at once), so ASHA compares them at 256 env steps with a trial that learned (best eval
+    return >= 40 there, theirs <= 12) and stops them: their runs end cleanly, as at any stop condition. The
+    budget is far beyond that rung (a stop request reaches a run within a few rows)."""
+    sweep_dir = str(tmp_path / "asha")
+    rows_at = ["log.interval_steps=256", "eval.interval_steps=256", "stop.max_env_steps=4096"]
+    out = run_sweep(CONFIG, ["ppo.lr=3e-3,1e-3,1e-9,1e-10"], overrides=FAST + rows_at, sweep_dir=sweep_dir,
+                    max_concurrent=2, scheduler="asha", grace_period=256, **API)
     rows = out["trials"]
     assert out["dir"] == sweep_dir and len(rows) == 4
-    assert sorted((r["ppo.lr"], r["seed"]) for r in rows) == [(0.001, 0), (0.001, 1), (0.003, 0), (0.003, 1)]
+    assert sorted(r["ppo.lr"] for r in rows) == [1e-10, 1e-9, 0.001, 0.003]
     values = [r["best_eval_return"] for r in rows]
     assert values == sorted(values, reverse=True)  # best first
+    assert {r["ppo.lr"] for r in rows[:2]} == {0.003, 0.001}
+    # The second learning trial to reach a rung is stopped there when the first did better: one runs on.
+    assert "max_env_steps" in {r["stop_reason"] for r in rows[:2]}
+    assert [r["stop_reason"] for r in rows[2:]] == ["early_stopped"] * 2
     for row in rows:
         summary = _summary(sweep_dir, row)
-        assert row["stop_reason"] == summary["stop_reason"] == "max_env_steps"
+        run_dir = os.path.join(sweep_dir, row["run_dir"])
+        assert row["stop_reason"] == summary["stop_reason"]
+        if row["stop_reason"] == "max_env_steps":
+            assert summary["env_steps"] >= 4096
+        else:
+            assert row["stop_reason"] == "early_stopped" and summary["env_steps"] < 4096
+            assert os.path.exists(os.path.join(run_dir, "stop_request.json.done"))  # consumed: a resume goes on
+            assert os.path.isdir(os.path.join(run_dir, "checkpoints"))
         assert row["best_eval_return"] == pytest.approx(summary["best_eval_return"])
-        assert summary["env_steps"] >= 1024 and summary["mode"] == "single"
-        with open(os.path.join(sweep_dir, row["run_dir"], "config.yaml")) as fh:
+        assert summary["mode"] == "single"
+        with open(os.path.join(run_dir, "config.yaml")) as fh:
             cfg = yaml.safe_load(fh)
-        assert (cfg["ppo"]["lr"], cfg["seed"]) == (row["ppo.lr"], row["seed"])
+        assert cfg["ppo"]["lr"] == row["ppo.lr"]
         assert _trial(sweep_dir, row)["starts"] == 1
     with open(os.path.join(sweep_dir, "trials.csv")) as fh:
         assert [r["trial"] for r in csv.DictReader(fh)] == [r["trial"] for r in rows]
-    # `distrl plot SWEEP_DIR`: one group per learning rate, the two seeds of each as its median and band.
+    # `distrl plot SWEEP_DIR`: one group per learning rate.
     from distrl.observe.plot import group_runs, read_sweep
 
     groups = group_runs(read_sweep(sweep_dir))
-    assert sorted(groups) == [(("ppo.lr", 0.001),), (("ppo.lr", 0.003),)]
-    assert all(len(runs) == 2 for runs in groups.values())
+    assert sorted(groups) == [(("ppo.lr", lr),) for lr in (1e-10, 1e-9, 0.001, 0.003)]
     assert main(["plot", sweep_dir]) == 0 and os.path.getsize(os.path.join(sweep_dir, "plot.png")) > 10_000
-
-
-def test_asha_stops_the_trials_that_learn_nothing_early(tmp_path, ray_session):
-    # Two trials that learn, then two whose learning rate is too small to move the policy. The last two
-    # start only once one of the first has ended (two at once), so ASHA compares them at 256 env steps
-    # with a trial that learned (best eval return >= 40 there, theirs <= 12) and stops them: their runs end cleanly, as at any stop condition.
-    sweep_dir = str(tmp_path / "asha")
-    # A budget far beyond the rung at 256 steps: the stop request reaches a run within a few rows.
-    rows_at = ["log.interval_steps=256", "eval.interval_steps=256", "stop.max_env_steps=8192"]
-    out = run_sweep(CONFIG, ["ppo.lr=3e-3,1e-3,1e-9,1e-10"], overrides=FAST + rows_at,
-                    sweep_dir=sweep_dir, max_concurrent=2, scheduler="asha", grace_period=256, **API)
-    rows = {r["ppo.lr"]: r for r in out["trials"]}
-    for lr in (1e-9, 1e-10):
-        summary = _summary(sweep_dir, rows[lr])
-        assert rows[lr]["stop_reason"] == summary["stop_reason"] == "early_stopped"
-        assert summary["env_steps"] < 8192
-        run_dir = os.path.join(sweep_dir, rows[lr]["run_dir"])
-        assert os.path.exists(os.path.join(run_dir, "stop_request.json.done"))  # consumed: a resume goes on
-        assert os.path.isdir(os.path.join(run_dir, "checkpoints"))
-    assert max(r["best_eval_return"] for r in rows.values()) == max(rows[3e-3]["best_eval_return"],
-                                                                   rows[1e-3]["best_eval_return"])
 
 
 def _wait_for(predicate, timeout_s: float, proc) -> None:
@@ -177,28 +171,28 @@ def _rows(run_dir: str) -> int:
 
 def test_a_killed_sweep_resumes_without_running_finished_trials_again(tmp_path, ray_session, capsys):
     sweep_dir = str(tmp_path / "killed")
-    cmd = [sys.executable, "-m", "distrl.cli", "tune", CONFIG, "--grid", "seed=0,1,2", "--dir", sweep_dir,
+    cmd = [sys.executable, "-m", "distrl.cli", "tune", CONFIG, "--grid", "seed=0,1", "--dir", sweep_dir,
            "--max-concurrent", "1", *[a for o in FAST + ["stop.max_env_steps=1024"] for a in ("--set", o)]]
     proc = subprocess.Popen(cmd, cwd=str(tmp_path), start_new_session=True, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:
-        # Killed once the third trial has logged a row (half its steps): the first two finished before Tune
+        # Killed once the second trial has logged a row (half its steps): the first finished before Tune
         # started it, and Tune's own state files, written as it starts a trial, are whole by then.
-        _wait_for(lambda: 2 in _run_dirs(sweep_dir) and _rows(_run_dirs(sweep_dir)[2]) > 0, 240, proc)
+        _wait_for(lambda: 1 in _run_dirs(sweep_dir) and _rows(_run_dirs(sweep_dir)[1]) > 0, 240, proc)
     finally:
         kill_session(proc.pid)  # the driver and every process it and its Ray started
         proc.wait()
     dirs = _run_dirs(sweep_dir)
-    assert not os.path.exists(os.path.join(dirs[2], "summary.json"))
-    finished = {i: os.stat(os.path.join(dirs[i], "summary.json")).st_mtime_ns for i in (0, 1)}
+    assert not os.path.exists(os.path.join(dirs[1], "summary.json"))
+    finished = {i: os.stat(os.path.join(dirs[i], "summary.json")).st_mtime_ns for i in (0,)}
 
     out = resume_sweep(sweep_dir, train=train, resume=resume)
     rows = out["trials"]
-    assert len(rows) == 3 and all(r["stop_reason"] == "max_env_steps" for r in rows)
-    assert sorted(_trial(sweep_dir, r)["starts"] for r in rows) == [1, 1, 2]  # only the killed one again
+    assert len(rows) == 2 and all(r["stop_reason"] == "max_env_steps" for r in rows)
+    assert sorted(_trial(sweep_dir, r)["starts"] for r in rows) == [1, 2]  # only the killed one again
     for i, mtime in finished.items():
         assert os.stat(os.path.join(dirs[i], "summary.json")).st_mtime_ns == mtime
-    assert _summary(sweep_dir, {"run_dir": dirs[2]})["env_steps"] >= 1024
+    assert _summary(sweep_dir, {"run_dir": dirs[1]})["env_steps"] >= 1024
 
     # Tune's newest state file cut short (a kill while Tune copied it into place): Tune would start the
     # whole sweep over; the resume refuses in one line instead, and runs nothing.
@@ -209,7 +203,7 @@ def test_a_killed_sweep_resumes_without_running_finished_trials_again(tmp_path, 
     assert main(["tune", "--resume", sweep_dir]) == 2
     err = capsys.readouterr().err
     assert f"{state} is cut short" in err and err.count("\n") == 1, err
-    assert sorted(_trial(sweep_dir, r)["starts"] for r in rows) == [1, 1, 2]
+    assert sorted(_trial(sweep_dir, r)["starts"] for r in rows) == [1, 2]
 
 
 def test_placement_groups_left_by_a_dead_actor_are_released_and_no_others(ray_session):
