@@ -74,12 +74,10 @@ class ActorCriticPolicy(NetworkPolicy):
         return items, None
 
     def _final_values(self, traj: Trajectory) -> np.ndarray:
-        """(T, E) V(next_obs) after each truncated (not terminated) episode's last step, else 0: the policy
-        never acted on that observation, so its last step is replayed from the stored state."""
+        """(T, E) V(next_obs) after each truncated (not terminated) episode's last step, else 0."""
         out = np.zeros(traj.rewards.shape, np.float32)
-        ts, es = np.nonzero(traj.truncated & ~traj.terminated)
-        if len(ts):
-            _, after = self.evaluate(tree.index(traj.obs, (ts, es)), traj.extras["state"][ts, es])
-            final, _ = self.evaluate(tree.index(traj.next_obs, (ts, es)), after)
-            out[ts, es] = final["value"]
+        got = self.after_truncation(traj, lambda ts, es: tree.index(traj.obs, (ts, es)),
+                                    lambda ts, es: tree.index(traj.next_obs, (ts, es)))
+        if got is not None:
+            out[got[0]] = got[1]["value"]
         return out

@@ -127,6 +127,20 @@ class NetworkPolicy(Policy):
         self.statistics = {k: v for k, v in weights.items() if k.startswith(STATISTICS_PREFIX)}
         self.loaded, self.version = True, version
 
+    def after_truncation(self, traj: Trajectory, now, final):
+        """The outputs of `evaluate` on the final observation of each truncated (not terminated) episode,
+        with the index (ts, es) of those steps, or None where there are none.
+
+        The policy never acted on that observation, so the episode's last step is replayed from its stored
+        state to get the state after it. `now(ts, es)` and `final(ts, es)` give the network's inputs at
+        those steps and after them.
+        """
+        ts, es = np.nonzero(traj.truncated & ~traj.terminated)
+        if not len(ts):
+            return None
+        _, after = self.evaluate(now(ts, es), traj.extras["state"][ts, es])
+        return (ts, es), self.evaluate(final(ts, es), after)[0]
+
     def run(self, method: str, *inputs):
         """`self.net.<method>(*inputs)` on numpy inputs (None passes through), as numpy arrays.
 

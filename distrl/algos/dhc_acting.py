@@ -80,21 +80,16 @@ class DHCPolicy(SequencePolicy):
         return message, self._priorities(emitted)
 
     def _final_values(self, traj: Trajectory) -> np.ndarray:
-        """(T, E, N) max_a Q(s_T) of agents active at the final observation of a truncated episode, else 0.
-
-        The policy never acted on the final observation: replay the last step from its stored state,
-        then run the network on the final observation with its comm mask.
-        """
-        out = np.zeros(traj.rewards.shape, np.float32)
-        ts, es = np.nonzero(traj.truncated & ~traj.terminated)
-        if len(ts):
-            ex = traj.extras
-            now = {"obs": traj.obs[ts, es], "comm_mask": ex["comm_mask"][ts, es], "active": ex["active"][ts, es]}
-            _, after = self.evaluate(now, ex["state"][ts, es])
-            final = {"obs": traj.next_obs[ts, es], "comm_mask": ex["next_comm_mask"][ts, es],
-                     "active": ex["next_active"][ts, es]}
-            q = self.evaluate(final, after)[0]["q"]
-            out[ts, es] = q.max(axis=-1) * ex["next_active"][ts, es]
+        """(T, E, N) max_a Q(s_T) of agents active at the final observation of a truncated episode, else 0
+        (the network sees that observation with its comm mask)."""
+        ex, out = traj.extras, np.zeros(traj.rewards.shape, np.float32)
+        got = self.after_truncation(
+            traj, lambda ts, es: {"obs": traj.obs[ts, es], "comm_mask": ex["comm_mask"][ts, es],
+                                  "active": ex["active"][ts, es]},
+            lambda ts, es: {"obs": traj.next_obs[ts, es], "comm_mask": ex["next_comm_mask"][ts, es],
+                            "active": ex["next_active"][ts, es]})
+        if got is not None:
+            out[got[0]] = got[1]["q"].max(axis=-1) * ex["next_active"][got[0]]
         return out
 
     def _priorities(self, emitted: dict[str, np.ndarray]) -> np.ndarray:

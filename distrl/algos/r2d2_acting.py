@@ -177,17 +177,11 @@ class R2D2Policy(SequencePolicy):
         return message, self._priorities(emitted)
 
     def _final_values(self, traj: Trajectory) -> np.ndarray:
-        """(T, E) max_a Q(s_T) after each truncated (not terminated) episode's last step, else 0.
-
-        A truncated episode's last targets bootstrap from its pseudo-step, which the policy never
-        acted on: replay its last step from the stored state to get the state after it.
-        """
+        """(T, E) max_a Q(s_T) after each truncated (not terminated) episode's last step, else 0."""
         out = np.zeros(traj.rewards.shape, np.float32)
-        ts, es = np.nonzero(traj.truncated & ~traj.terminated)
-        if len(ts):
-            _, after = self.evaluate(traj.obs[ts, es], traj.extras["state"][ts, es])
-            final, _ = self.evaluate(traj.next_obs[ts, es], after)
-            out[ts, es] = final["q"].max(axis=1)
+        got = self.after_truncation(traj, lambda ts, es: traj.obs[ts, es], lambda ts, es: traj.next_obs[ts, es])
+        if got is not None:
+            out[got[0]] = got[1]["q"].max(axis=1)
         return out
 
     def _priorities(self, emitted: dict[str, np.ndarray]) -> np.ndarray:
