@@ -86,6 +86,7 @@ class MAPPOPolicy(ActorCriticPolicy):
         self.central, self._acting_space = algo.central, algo.row_space(ACTOR_KEYS)
         self.rank = len(algo.spec.observation_space.shape)
         self.acting_method = "actor_outputs"  # the critic's inputs are training-time only
+        self.global_state = self.central == "state"
 
     @property
     def acting_space(self) -> spaces.Dict:

@@ -1,8 +1,8 @@
 """A vector of multi-agent envs stepped in one process, with the same step interface as `VectorEnv`.
 
 What the policy acts on, `obs`, is a dict of (E, ...) arrays: `obs` (E, N, *obs_shape), `comm_mask`
-(E, N, N), `active` (E, N) and, for an env with a global state (`MAStep.state`), `global_state`
-(E, *state_shape). `step` returns the true next observation of every env as such a dict (the final one
+(E, N, N), `active` (E, N) and, for an env with a global state (`MAStep.state`) stepped `with_state`,
+`global_state` (E, *state_shape): only a policy that reads it has it sent to its inference and fragments. `step` returns the true next observation of every env as such a dict (the final one
 where an episode ended, before the env is reset for the next act), per-agent rewards (E, N), the
 episode's terminated and truncated flags (E,), and the episodes that ended.
 """
@@ -15,18 +15,21 @@ import numpy as np
 from distrl.envs.multiagent import MAStep, make_multiagent_env
 
 
-def policy_fields(step: MAStep) -> dict[str, np.ndarray]:
+def policy_fields(step: MAStep, with_state: bool = True) -> dict[str, np.ndarray]:
     """One env's step as the policy reads it (unstacked: the module docstring's dict without E)."""
     fields = {"obs": np.asarray(step.obs, np.float32), "comm_mask": step.comm_mask, "active": step.active}
-    if step.state is not None:
+    if with_state and step.state is not None:
         fields["global_state"] = step.state
     return fields
 
 
 class MultiAgentVectorEnv:
-    """E multi-agent envs; env i is seeded with `seed + i` on its first reset."""
+    """E multi-agent envs; env i is seeded with `seed + i` on its first reset; `with_state`: observations
+    hold the env's global state where it has one."""
 
-    def __init__(self, env_id: str, num_envs: int, seed: int, kwargs: dict[str, Any] | None = None):
+    def __init__(self, env_id: str, num_envs: int, seed: int, kwargs: dict[str, Any] | None = None,
+                 with_state: bool = True):
+        self.with_state = with_state
         self.envs = [make_multiagent_env(env_id, kwargs) for _ in range(num_envs)]
         self.num_envs = num_envs
         self.num_agents = self.envs[0].num_agents
@@ -39,9 +42,8 @@ class MultiAgentVectorEnv:
         self.env_errors = 0
         self.errored = np.zeros(num_envs, bool)
 
-    @staticmethod
-    def _stack(steps: list[MAStep]) -> dict[str, np.ndarray]:
-        fields = [policy_fields(s) for s in steps]
+    def _stack(self, steps: list[MAStep]) -> dict[str, np.ndarray]:
+        fields = [policy_fields(s, self.with_state) for s in steps]
         return {k: np.stack([f[k] for f in fields]) for k in fields[0]}
 
     @staticmethod
@@ -97,7 +99,7 @@ class MultiAgentVectorEnv:
             self.episode_return_at_end[i] = ret
             self.episode_info[i] = dict(steps[i].info, return_mean=ret)
             self.episode_return[i], self.episode_length[i] = 0.0, 0
-            for k, v in policy_fields(self.envs[i].reset()).items():
+            for k, v in policy_fields(self.envs[i].reset(), self.with_state).items():
                 now[k][i] = v
         self.obs = now
         return nxt, rewards, terminated, truncated, finished

@@ -45,13 +45,15 @@ def external_spec(env_cfg, external) -> EnvSpec:
 
 def make_vector_env(env_id: str, num_envs: int, seed: int, kwargs: dict | None, is_multi_agent: bool, *,
                     wrappers: list | None = None, preset: str = "none", training: bool = True, normalize=None,
-                    statistics: dict | None = None, obs_keys: list | None = None, action_mask: str = "none"):
+                    statistics: dict | None = None, obs_keys: list | None = None, action_mask: str = "none",
+                    global_state: bool = False):
     """The vector of envs a worker (`training`) or the evaluator steps (multi-agent ones for multi-agent
-    algorithms, which take no wrappers); `normalize`: the env.normalize section, `statistics` the policy's."""
+    algorithms, which take no wrappers, with the env's global state if `global_state`); `normalize`: the
+    env.normalize section, `statistics` the policy's."""
     if is_multi_agent:
         from distrl.envs.multiagent_vector import MultiAgentVectorEnv
 
-        return MultiAgentVectorEnv(env_id, num_envs, seed, kwargs)
+        return MultiAgentVectorEnv(env_id, num_envs, seed, kwargs, with_state=global_state)
     return VectorEnv(env_id, num_envs, seed, kwargs, wrappers=wrappers, preset=preset, training=training,
                      normalize=normalize, weights=statistics, obs_keys=obs_keys, action_mask=action_mask)
 
@@ -62,7 +64,8 @@ def make_rollout(cfg, policy, seed: int, worker_index: int):
 
     envs = make_vector_env(cfg.env.id, cfg.env.num_envs, seed, cfg.env.kwargs, algorithm(cfg.algo).multi_agent,
                            wrappers=cfg.env.wrappers, preset=cfg.env.preset, training=True,
-                           normalize=cfg.env.normalize, obs_keys=cfg.env.obs_keys, action_mask=cfg.env.action_mask)
+                           normalize=cfg.env.normalize, obs_keys=cfg.env.obs_keys, action_mask=cfg.env.action_mask,
+                           global_state=policy.global_state)
     return Rollout(policy, envs, cfg.rollout.fragment_length, worker_index, record=cfg.log.dataset is not None)
 
 

@@ -13,7 +13,7 @@ from distrl.cli import main
 from distrl.config import load_config
 from distrl.core import Trajectory
 from distrl.envs.multiagent_vector import MultiAgentVectorEnv
-from distrl.roles.factory import make_algorithm
+from distrl.roles.factory import make_algorithm, make_rollout
 from distrl.roles.learning import update_once
 from distrl.roles.rollout import Rollout
 
@@ -105,8 +105,10 @@ def test_the_central_critic_reads_the_global_state_with_central_input_state():
     assert algo.torso_spaces()[1]["state"].shape == (54,)  # simple_spread's state(), for 3 agents
     policy = algo.make_policy(0, 1, 0)
     policy.set_weights(learner.get_weights(), 0)
-    envs = MultiAgentVectorEnv(SPREAD, 2, 0, KWARGS)
-    data = Rollout(policy, envs, 12, 0).sample().data
+    cfg = load_config(None, ["algo=mappo", f"env.id={SPREAD}", f"env.kwargs={KWARGS}", "env.num_envs=2"])
+    assert make_rollout(cfg, policy, 0, 0).envs.with_state  # a worker's envs send the state to this policy only
+    assert not make_rollout(cfg, make("central").make_policy(0, 1, 0), 0, 0).envs.with_state
+    data = Rollout(policy, MultiAgentVectorEnv(SPREAD, 2, 0, KWARGS), 12, 0).sample().data
     assert set(data["obs"]) == {"own", "agent", "state"} and data["obs"]["state"].shape == (12, 6, 54)
     assert data["next_obs"]["state"].shape == (12, 6, 54)
     # simple_spread's state is every agent's observation: each of an env's agents' rows holds it.

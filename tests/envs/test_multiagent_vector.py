@@ -59,7 +59,7 @@ def test_a_pettingzoo_envs_comm_k_comes_from_the_config():
     assert (default.obs["comm_mask"].sum(axis=-1) == 2).all()
 
 
-def test_a_global_state_is_stacked_with_the_observations_and_kept_by_a_failing_env(monkeypatch):
+def test_a_global_state_is_stacked_with_the_observations_kept_by_a_failing_env_and_left_out_unless_asked(monkeypatch):
     kwargs = {"N": 3, "continuous_actions": False, "max_cycles": 25}
     vec = MultiAgentVectorEnv("mpe2:simple_spread_v3", 2, 0, kwargs)
     assert vec.obs["global_state"].shape == (2, 54) and vec.obs["global_state"].dtype == np.float32
@@ -69,3 +69,5 @@ def test_a_global_state_is_stacked_with_the_observations_and_kept_by_a_failing_e
     assert set(vec.fields(nxt, "next_")) == {"next_obs", "next_comm_mask", "next_active", "next_global_state"}
     np.testing.assert_array_equal(nxt["global_state"][1], before[1])  # the failed env's last state
     assert "global_state" not in MultiAgentVectorEnv(MAPF_ID, 1, 0, SMALL).obs
+    without = MultiAgentVectorEnv("mpe2:simple_spread_v3", 2, 0, kwargs, with_state=False)
+    assert "global_state" not in without.obs and "global_state" not in without.step(np.zeros((2, 3), np.int64))[0]
