@@ -204,8 +204,7 @@ class Algorithm(abc.ABC):
     """Its defaults for the `model` section (e.g. a tanh MLP)."""
     modes: tuple[str, ...] = ("single", "sync", "async")
     actions: tuple[str, ...] = ("discrete",)
-    """Action spaces it takes: "discrete" (gymnasium Discrete), "box" (a flat, bounded Box), "multi_discrete",
-    "multi_binary"."""
+    """Action spaces it takes: "discrete", "box" (a flat, bounded Box), "multi_discrete", "multi_binary"."""
     data_path: str = "replay"
     """"replay" (transitions, sampled), "sequence" (sequences in shared chunks, sampled), "trajectory"
     (a FIFO, each fragment used once) or "gradients" (a FIFO of worker-computed gradients)."""
