@@ -104,7 +104,7 @@ class Policy(abc.ABC):
     version: int = -1
     inference: Inference | None = None
     statistics: Weights = {}  # env.normalize statistics that came with the newest weights: its envs use them
-    global_state: bool = False  # its postprocess reads a multi-agent env's global state (its workers step it)
+    global_state: bool = False  # its postprocess reads a multi-agent env's global state: workers send it
 
     @abc.abstractmethod
     def set_weights(self, weights: Weights, version: int) -> None:
