@@ -24,6 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 CARTPOLE = os.path.join(ROOT, "configs", "apex_dqn_cartpole.yaml")
 FOUND_S = 15.0  # a stopped process is ended this soon (fault.role_timeout_s is 5 s; the old default took 120 s)
 ENDED_S = 10.0  # a run has ended this soon after its budget, whatever its roles do
+APART_S = 2.0  # a later wave this long after the earlier ones' processes are ended: their fault lines apart
 LEAD_S = 2.5  # the last wave: this long before the budget's end (less than fault.role_timeout_s: not yet hung)
 RUN = ["log.progress=false", "log.tensorboard=false", "log.interval_s=0.5", "checkpoint.interval_s=3",
        "eval.target_return=null", *PACED]
@@ -39,8 +40,9 @@ EVALUATOR = {"distrl-eval": ("evaluator", "evaluator_restarts")}
 
 class Waves(threading.Thread):
     """SIGSTOPs this run's processes of each wave's roles in turn (`picks`: name -> how many of its processes,
-    None for all), each once the run has a checkpoint, a few more metrics rows and an update, and the previous
-    wave's processes are back (`back()`); the first wave the moment a checkpoint is written, with `fresh`; then every
+    None for all), each once the one stopped in its start-up is back (`back()`) and the previous waves'
+    processes are ended: the first wave once the run then has a checkpoint, a few more metrics rows and an
+    update, a later one `APART_S` after that (while the earlier waves' processes restart); the first wave the moment a checkpoint is written, with `fresh`; then every
     role's, `LEAD_S` before the run's budget ends. With `start_up` (a name), first one of its processes while its
     constructor runs. Keeps (name, pid, when)."""
 
@@ -78,9 +80,11 @@ class Waves(threading.Thread):
         if self.start_up:
             self.stop_starting(self.start_up)
         for wave in self.waves:
-            rows = self.rows()
-            if not self.wait(lambda: self.back([self.starting, *self.stopped]) and self.rows() >= rows + 4
-                             and self.learning()):
+            if not self.wait(lambda: self.back([self.starting]) and self.ended(self.stopped)):
+                return
+            rows, apart = self.rows(), time.time() + APART_S
+            if not self.wait(lambda: time.time() >= apart if self.stopped else
+                             self.rows() >= rows + 4 and self.learning()):
                 return
             ckpts = self.checkpoints() if self.fresh and not self.stopped else 0
             if not self.wait(lambda: self.checkpoints() > ckpts):
@@ -89,6 +93,12 @@ class Waves(threading.Thread):
         while not self.done.is_set() and time.time() < self.budget_end - LEAD_S:
             time.sleep(0.02)
         self.stopped.append(self.stop(dict.fromkeys(self.names)))
+
+    @staticmethod
+    def ended(waves: list[list]) -> bool:
+        """Every process of `waves` has been ended (found hung: its restart may still be under way, and runs
+        beside the next wave's, as a loaded machine's restarts would)."""
+        return all(gone(pid, start) for wave in waves for _, pid, _, start in wave)
 
     def stop_starting(self, name: str) -> None:
         """One of this run's `name` processes whose sign of life is in Ray's key-value store (its constructor
@@ -205,16 +215,21 @@ def scored_at_stop(run_dir: str, start: float, last_wave: list) -> bool:
     return bool(before) and [rows[-1][k] for k in score] != [before[-1][k] for k in score]
 
 
+def gone(pid: int, start_ticks: int) -> bool:
+    """The process (pid, its start time) has exited (a zombie too: ended, not yet reaped)."""
+    if started_at(pid) != start_ticks:
+        return True
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
 def gone_within(pid: int, start_ticks: int, seconds: float) -> bool:
     deadline = time.time() + seconds
-    while started_at(pid) == start_ticks and time.time() < deadline:
-        try:
-            if open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
-                return True
-        except OSError:
-            return True
+    while not gone(pid, start_ticks) and time.time() < deadline:
         time.sleep(0.1)
-    return started_at(pid) != start_ticks
+    return gone(pid, start_ticks)
 
 
 def check_written(run_dir: str, summary: dict, last_taken: bool) -> None:
@@ -291,10 +306,11 @@ def test_async_mode_hangs_at_the_defaults(ray_session, tmp_path):
     answered): found hung as fast as one stopped later, ended, restarted and counted once. Once it is back,
     every role but one rollout worker and the inference server it acts through, right after a checkpoint: that
     worker delivers meanwhile (async mode waits on none of them; the next checkpoint waits for every role's
-    state), then those two, then every role shortly before the budget ends. Every worker acts through the
-    inference server, so no env step is taken from the second wave until the server is back: the budget leaves
-    time for that restart on a loaded machine, and for steps after it."""
-    budget, names = scaled(75.0), list(RAY_ROLES)
+    state), then those two once the first wave's are ended (their restarts still under way: 15-25 s for the
+    torch roles on a loaded 2-core machine), then every role shortly before the budget ends. Every worker acts
+    through the inference server, so no env step is taken from the second wave until the server is back: the
+    budget leaves time for every restart on a loaded machine, and for steps after them."""
+    budget, names = scaled(85.0), list(RAY_ROLES)
     first = {**dict.fromkeys(names), "RolloutWorker": 1}
     del first["InferenceServer"]
     run_dir, start, ended, summary, stopped, roles, starting = run_with_waves(
