@@ -10,7 +10,7 @@ WAITING_MODULES = ("tests/runtime/test_chaos.py", "tests/runtime/test_faults.py"
 
 
 # Modules of whole runs (Ray, a learning budget): tens of seconds to minutes each.
-LONG_MODULES = ("tests/runtime/", "tests/docsgen/test_examples.py", "tests/algos/test_sac_learning.py")
+LONG_MODULES = ("tests/runtime/", "tests/docsgen/test_examples.py")
 
 
 def _cost_rank(module: str) -> int:
