@@ -40,11 +40,11 @@ EVALUATOR = {"distrl-eval": ("evaluator", "evaluator_restarts")}
 
 class Waves(threading.Thread):
     """SIGSTOPs this run's processes of each wave's roles in turn (`picks`: name -> how many of its processes,
-    None for all), each once the one stopped in its start-up is back (`back()`) and the previous waves'
-    processes are ended: the first wave once the run then has a checkpoint, a few more metrics rows and an
-    update, a later one `APART_S` after that (while the earlier waves' processes restart); the first wave the moment a checkpoint is written, with `fresh`; then every
-    role's, `LEAD_S` before the run's budget ends. With `start_up` (a name), first one of its processes while its
-    constructor runs. Keeps (name, pid, when)."""
+    None for all), each once the one stopped in its start-up is back (`back()`) and the earlier waves'
+    processes are ended. The first wave then waits for a few more metrics rows, an update and a checkpoint
+    (with `fresh`, the moment a new one is written); a later one waits `APART_S`, while the earlier waves'
+    processes restart. Then every role's, `LEAD_S` before the run's budget ends. With `start_up` (a name),
+    first one of its processes while its constructor runs. Keeps (name, pid, when)."""
 
     def __init__(self, run_dir: str, names: list[str], waves: list[dict], budget_end: float, back, fresh: bool,
                  start_up: str | None = None):
