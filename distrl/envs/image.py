@@ -33,6 +33,8 @@ class ResizeImage(gym.ObservationWrapper):
             frame = space
         if not (isinstance(frame, spaces.Box) and frame.dtype == np.uint8 and len(frame.shape) == 3):
             raise ValueError(f"the frame must be a uint8 Box shaped (height, width, channels), got {frame}")
+        if grayscale and frame.shape[2] not in (1, 3):
+            raise ValueError(f"grayscale takes RGB (3-channel) or gray frames, the env's are shaped {frame.shape}")
         new = spaces.Box(0, 255, (shape[0], shape[1], 1 if grayscale else frame.shape[2]), np.uint8)
         self.observation_space = spaces.Dict({**space.spaces, key: new}) if key is not None else new
 
