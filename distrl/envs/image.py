@@ -37,13 +37,13 @@ class ResizeImage(gym.ObservationWrapper):
             raise ValueError(f"grayscale takes RGB (3-channel) or gray frames, the env's are shaped {frame.shape}")
         new = spaces.Box(0, 255, (shape[0], shape[1], 1 if grayscale else frame.shape[2]), np.uint8)
         self.observation_space = spaces.Dict({**space.spaces, key: new}) if key is not None else new
+        self.frame_shape = new.shape  # cv2 drops a single channel's axis: put it back
 
     def frame(self, image: np.ndarray) -> np.ndarray:
         if self.grayscale and image.shape[2] == 3:
             image = cv2.cvtColor(image, cv2.COLOR_RGB2GRAY)
         small = cv2.resize(image, self.size, interpolation=cv2.INTER_AREA)
-        return small.reshape(self.observation_space[self.key].shape if self.key is not None
-                             else self.observation_space.shape)
+        return small.reshape(self.frame_shape)
 
     def observation(self, observation):
         if self.key is None:

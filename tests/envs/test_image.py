@@ -57,7 +57,7 @@ def test_a_frame_observation_keeps_its_channels_when_not_gray():
     ({"shape": [60]}, "shape must be [height, width] in positive pixels, got [60]"),
 ])
 def test_what_is_no_frame_is_one_line_naming_it(kwargs, says):
-    with pytest.raises(ValueError, match=None) as e:
+    with pytest.raises(ValueError) as e:
         ResizeImage(Frames(), **kwargs)
     assert says in str(e.value)
 
