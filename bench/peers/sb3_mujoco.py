@@ -1,7 +1,8 @@
 """Stable-Baselines3 against distrl on MuJoCo, same criterion, same clock: SAC on HalfCheetah-v5 and PPO
 on Hopper-v5.
 
-    python -m bench.peers.sb3_mujoco --peer sac_halfcheetah|ppo_hopper|ppo_hopper_same [--seeds 0 1 2] [--budget-s S]
+    python -m bench.peers.sb3_mujoco --peer sac_halfcheetah|sac_halfcheetah_same|ppo_hopper|ppo_hopper_same
+                                     [--seeds 0 1 2] [--budget-s S]
                                      [--no-ours | --no-sb3] [--lock /tmp/distrl-heavy.lock] [--out PATH]
 
 Per seed, each a fresh process timed from its own start (`bench/peers/sb3_runs.py` runs both sides,
@@ -22,6 +23,11 @@ SB3's side, rl-baselines3-zoo's hyperparameters for the -v3 versions of these en
 - ppo_hopper_same: distrl's settings (configs/ppo_hopper.yaml) on SB3's side: VecNormalize (clip 10),
   4 envs x 512 steps, 10 epochs of minibatches of 64 (32 per update), gamma 0.99, GAE lambda 0.95, Adam 3e-4,
   clip 0.2, max_grad_norm 0.5, vf_coef 0.5, no entropy bonus, 64x64 tanh actor and critic.
+- sac_halfcheetah_same: distrl's settings (configs/sac_halfcheetah.yaml) on SB3's side: 4 envs, one update
+  of 256 per env step (4 gradient steps per vector step), learning_starts 5,000 (uniform random actions
+  until then, as distrl's random_steps), replay 1M, tau 0.005, gamma 0.99, initial temperature 1.0 learned
+  towards -dim(A), Adam 3e-4 for actor and temperature and 1e-3 for the critics (SB3 has one learning rate
+  for all three optimizers: a subclass sets the critics' after SB3 sets it each update).
 JSON: bench/results/sb3_<peer>.json.
 """
 from __future__ import annotations
@@ -35,6 +41,12 @@ from bench.peers.sb3_runs import child_args, compare, run_child  # noqa: E402
 PEERS = {
     "sac_halfcheetah": {"config": "configs/sac_halfcheetah.yaml", "env": "HalfCheetah-v5",
                         "hyperparameters": dict(learning_starts=10_000), "total_timesteps": 1_000_000},
+    # distrl's own settings on SB3's side (configs/sac_halfcheetah.yaml): the frameworks compared.
+    "sac_halfcheetah_same": {"config": "configs/sac_halfcheetah.yaml", "env": "HalfCheetah-v5", "n_envs": 4,
+                             "hyperparameters": dict(learning_starts=5_000, buffer_size=1_000_000, batch_size=256,
+                                                     tau=0.005, gamma=0.99, train_freq=1, gradient_steps=4,
+                                                     learning_rate=3e-4, ent_coef="auto_1.0"),
+                             "critic_lr": 1e-3, "total_timesteps": 1_000_000},
     "ppo_hopper": {"config": "configs/ppo_hopper.yaml", "env": "Hopper-v5",
                    "hyperparameters": dict(n_steps=512, batch_size=32, n_epochs=5, gamma=0.999, gae_lambda=0.99,
                                            learning_rate=9.80828e-05, ent_coef=0.00229519, clip_range=0.2,
@@ -57,20 +69,20 @@ def child(args) -> None:
     """One SB3 run in this process; prints one JSON line."""
     import gymnasium as gym
     import torch
+    from stable_baselines3.common.env_util import make_vec_env
     from torch import nn  # noqa: F401 - named by the PPO peer's policy_kwargs
 
     torch.set_num_threads(1)
     peer = PEERS[args.peer]
     env_id = peer["env"]
-    if args.peer == "sac_halfcheetah":
-        from stable_baselines3 import SAC
-
-        model = SAC("MlpPolicy", gym.make(env_id), **peer["hyperparameters"], seed=args.seed, device="cpu", verbose=0)
+    if args.peer.startswith("sac_"):
+        model = sac_class(peer.get("critic_lr"))(
+            "MlpPolicy", make_vec_env(env_id, n_envs=peer.get("n_envs", 1), seed=args.seed),
+            **peer["hyperparameters"], seed=args.seed, device="cpu", verbose=0)
         run_child(model, lambda: gym.make(env_id), args, START, peer["total_timesteps"],
                   first_eval_after=peer["hyperparameters"]["learning_starts"])
         return
     from stable_baselines3 import PPO
-    from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.vec_env import VecNormalize
 
     hp = peer["hyperparameters"]
@@ -81,9 +93,27 @@ def child(args) -> None:
     run_child(model, lambda: gym.make(env_id), args, START, peer["total_timesteps"], normalize_obs=envs.normalize_obs)
 
 
+def sac_class(critic_lr: float | None):
+    """SB3's SAC, or SAC whose critics learn at `critic_lr`: SB3 sets every optimizer's rate from its one
+    schedule before each update, so the critics' is set again after it."""
+    from stable_baselines3 import SAC
+
+    if critic_lr is None:
+        return SAC
+
+    class SACWithCriticLR(SAC):
+        def _update_learning_rate(self, optimizers) -> None:
+            super()._update_learning_rate(optimizers)
+            for group in self.critic.optimizer.param_groups:
+                group["lr"] = critic_lr
+
+    return SACWithCriticLR
+
+
 def settings(args) -> dict:
     peer = PEERS[args.peer]
     return {"peer": args.peer, **peer["hyperparameters"], "total_timesteps": peer["total_timesteps"],
+            **({"critic_lr": peer["critic_lr"], "n_envs": peer["n_envs"]} if "critic_lr" in peer else {}),
             **({"policy_kwargs": peer["policy_kwargs"], "VecNormalize": peer.get("VecNormalize", True),
                 "n_envs": peer.get("n_envs", 1)} if "policy_kwargs" in peer else {})}
 
