@@ -163,11 +163,13 @@ def table(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def compare(module: str, config: str, argv_extra: dict[str, dict], child_extra, record: dict, out_name: str) -> None:
+def compare(module: str, config: str, argv_extra: dict[str, dict], child_extra, record: dict, out_name: str,
+            ours_overrides=lambda args: []) -> None:
     """The driver: distrl's `config` and SB3's peer `module`, seed by seed; JSON and a table.
 
     `argv_extra` adds the peer's own options; `child_extra(args, cfg)` turns them into the child's
-    arguments; `record(args)` is what the JSON says of SB3's settings."""
+    arguments; `record(args)` is what the JSON says of SB3's settings; `ours_overrides(args)`: `--set`s
+    of distrl's side (a same-settings row where SB3 lacks a part of distrl's config)."""
     from bench.common import ROOT, hardware, write_json
     from bench.solve import solve_once
     from distrl.config import load_config
@@ -201,6 +203,7 @@ def compare(module: str, config: str, argv_extra: dict[str, dict], child_extra, 
                  if r["side"] == "distrl" and r["seed"] in args.seeds]
 
     commit = hardware()["commit"]
+    overrides = ours_overrides(args)
 
     def save():
         if runs:
@@ -208,13 +211,15 @@ def compare(module: str, config: str, argv_extra: dict[str, dict], child_extra, 
             print(json.dumps({k: v for k, v in runs[-1].items() if k != "eval_curve"}), flush=True)
         results = {"hardware": hardware(), "config": config, "env": cfg.env.id, "budget_s": budget,
                    "target_return": cfg.eval.target_return, "sb3_settings": {**record(args), "torch_threads": 1},
+                   "distrl_overrides": overrides,
                    "runs": runs, "summary": summarise(runs, budget)}
         write_json(args.out, results)
         return results
 
     for seed in args.seeds:
         if "distrl" in sides:  # alternating: both sides see the same machine load
-            r = solve_once(config, cfg.mode, seed, cfg.workers, budget, ["log.tensorboard=false"], prefix=prefix)
+            r = solve_once(config, cfg.mode, seed, cfg.workers, budget, ["log.tensorboard=false", *overrides],
+                           prefix=prefix)
             r = {"side": "distrl", "seed": seed, **{k: r[k] for k in ("solved", "time_to_solve_s", "best_eval_return",
                                                                       "env_steps", "wall_s", "mode", "workers",
                                                                       "eval_curve")}}
