@@ -123,16 +123,17 @@ def _run_policy(run_dir: str, cfg: Config):
     return policy, weights, meta
 
 
-def _observation_normalization(weights: dict, cfg) -> tuple | None:
-    """(mean, 1 / std, clip) of the observation statistics `weights` came with, when the run normalized
-    observations (`cfg`: its env.normalize section); else None."""
-    from distrl.envs.normalize import Normalization
+def _observation_normalization(weights: dict, cfg, space) -> tuple | None:
+    """({leaf: (mean, 1 / std)}, clip) of the observation statistics `weights` came with, when the run
+    normalized observations (`cfg`: its env.normalize section; `space`: the policy's observation space,
+    whose float Box leaves were normalized); else None."""
+    from distrl.envs.normalize import Normalization, normalized_leaves
 
     if not cfg.obs:
         return None
-    normalization = Normalization(cfg, training=False)
+    normalization = Normalization(cfg, training=False, leaves=normalized_leaves(space))
     normalization.load(weights)
-    return normalization.obs_mean, normalization.obs_scale, cfg.clip
+    return {leaf: normalization.obs_stats.get(leaf, (0.0, 1.0)) for leaf in normalization.leaves}, cfg.clip
 
 
 def export(run_dir: str, onnx: str | None = None, torchscript: str | None = None) -> dict[str, Any]:
@@ -148,7 +149,7 @@ def export(run_dir: str, onnx: str | None = None, torchscript: str | None = None
     cfg = _run_config(run_dir)
     policy, weights, meta = _run_policy(run_dir, cfg)
     try:
-        module = acting_network(policy, _observation_normalization(weights, cfg.env.normalize))
+        module = acting_network(policy, _observation_normalization(weights, cfg.env.normalize, policy.acting_space))
     except ExportError as e:
         raise ConfigError(f"{run_dir}: {cfg.algo}'s policy cannot be exported: {e}") from None
     example = example_batch(policy.acting_space)

@@ -14,7 +14,8 @@ class NormalizeConfig:
     """Running statistics every worker updates from its own steps, merged by the learner and sent back with
     the weights (`distrl.envs.normalize`); the evaluator uses them frozen."""
 
-    obs: bool = f(False, "normalize observations to zero mean and unit variance (training and evaluation envs)")
+    obs: bool = f(False, "normalize observations to zero mean and unit variance (training and evaluation envs; "
+                  "a Dict or Tuple observation's float Box leaves each by their own statistics)")
     reward: bool = f(False, "divide training rewards by the standard deviation of the discounted return "
                      "(the evaluator scores the env's own rewards)")
     clip: float | None = f(10.0, "clip normalized observations and rewards to [-clip, clip] (null = no clip)",

@@ -24,7 +24,7 @@ from gymnasium.envs.registration import parse_env_id
 from distrl.config.sections import ENV_PRESETS
 from distrl.core import EnvSpec
 from distrl.envs.errors import EnvError, one_line
-from distrl.envs.normalize import Normalization, normalization_for, normalized
+from distrl.envs.normalize import Normalization, check_normalizable, normalization_for, normalized
 from distrl.envs.structured import structured
 from distrl.envs.wrappers import WrapperSpec, apply_wrappers, frame_stack_of, parse_wrappers
 
@@ -195,17 +195,11 @@ def make_env(env_id: str, kwargs: dict[str, Any] | None = None, *, wrappers: lis
         check_atari(env, env_id)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        env = structured(_flat_observations(apply_wrappers(env, chain + specs, training)), env_id, obs_keys,
-                         action_mask)
-        if normalization is not None and normalization.cfg.obs and not _float_box(env.observation_space):
-            # one-hot codes and pixels have no running mean and scale to learn: it would change nothing useful
-            raise TypeError(f"env.normalize.obs normalizes float Box observations, the env has {env.observation_space} "
-                            f"(use env.normalize.obs: false)")
+        env = apply_wrappers(env, chain + specs, training)
+        if normalization is not None and normalization.cfg.obs:  # before a Discrete's code becomes floats
+            check_normalizable(env.observation_space)
+        env = structured(_flat_observations(env), env_id, obs_keys, action_mask)
         return normalized(env, normalization, training)
-
-
-def _float_box(space) -> bool:
-    return isinstance(space, spaces.Box) and np.issubdtype(space.dtype, np.floating)
 
 
 def _spec(env: gym.Env) -> EnvSpec:

@@ -9,7 +9,8 @@ normalize with the same numbers: those the weights were trained with. The evalua
 (they record nothing). The set is part of the learner's checkpointed state.
 
 - observations: (x - mean) / sqrt(var + 1e-8), clipped to [-clip, clip], in every env (training and
-  evaluation);
+  evaluation); a structured observation's float Box leaves each by statistics of their own (part
+  `obs.<leaf>`), its other leaves (pixels, codes, masks) as they are;
 - rewards: r / sqrt(var(G) + 1e-8), clipped, where G is the env's discounted return so far (reset at each
   episode's end), as in gymnasium's NormalizeReward and SB3's VecNormalize; training envs only, so the
   evaluator scores the env's own rewards. The raw reward stays in the step's info (`RAW_REWARD`), from which
@@ -23,12 +24,25 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from distrl import tree
 from distrl.core import Weights
 
 STATISTICS_PREFIX = "normalize."  # published weights carry the statistics under keys starting with this
 EPSILON = 1e-8
 RAW_REWARD = "raw_reward"  # info key: the env's reward before scaling
-PARTS = ("obs", "ret")  # observation statistics, discounted-return statistics
+RETURN_PART = "ret"  # the discounted-return statistics; the observations' are `obs_part(leaf)`
+
+
+def obs_part(leaf: str) -> str:
+    """The statistics part of an observation leaf (`tree.named_leaves`' name; a flat observation's is '')."""
+    return f"obs.{leaf}" if leaf else "obs"
+
+
+def normalized_leaves(space) -> list[str]:
+    """The observation leaves env.normalize.obs normalizes: a float Box observation ('') or a structured
+    one's float Box leaves (one-hot codes, pixels and masks have no running mean and scale worth learning)."""
+    return [name for name, leaf in tree.leaf_spaces(space)
+            if isinstance(leaf, spaces.Box) and np.issubdtype(leaf.dtype, np.floating)]
 
 
 def network_weights(weights: Weights) -> Weights:
@@ -101,7 +115,9 @@ class SharedStatistics:
         return out
 
     def load(self, arrays: dict) -> None:
-        self.parts = {n: s for n in PARTS if (s := RunningStats.from_arrays(arrays, n)) is not None}
+        names = {k[len(STATISTICS_PREFIX):-len(".count")] for k in arrays
+                 if k.startswith(STATISTICS_PREFIX) and k.endswith(".count")}
+        self.parts = {n: RunningStats.from_arrays(arrays, n) for n in sorted(names)}
 
 
 def merged(new: list[dict[str, RunningStats] | None]) -> dict[str, RunningStats]:
@@ -112,34 +128,68 @@ def merged(new: list[dict[str, RunningStats] | None]) -> dict[str, RunningStats]
     return out.parts
 
 
+def check_normalizable(space) -> None:
+    """TypeError unless `space` has a leaf env.normalize.obs normalizes: pixels, codes and masks alone have
+    no mean and scale that would help a network."""
+    if not normalized_leaves(space):
+        raise TypeError(f"env.normalize.obs normalizes float Box observations or a Dict's or Tuple's float Box "
+                        f"leaves, the env has none: {space} (use env.normalize.obs: false)")
+
+
 class Normalization:
     """One process's view: normalizes with the shared statistics last received (`load`) and, in a training
-    process, records the raw rows its envs produce until `take` hands them out as new statistics."""
+    process, records the raw rows its envs produce until `take` hands them out as new statistics.
+    `leaves`: the observation leaves it normalizes (`normalized_leaves`; set by `normalized` from the
+    env's space)."""
 
-    def __init__(self, cfg, training: bool):
+    def __init__(self, cfg, training: bool, leaves: list[str] = ("",)):
         self.cfg, self.training = cfg, training  # cfg: the env.normalize section
-        self.obs_mean: np.ndarray | float = 0.0
-        self.obs_scale: np.ndarray | float = 1.0  # 1 / sqrt(var + eps)
+        self.leaves = list(leaves)
+        self.obs_stats: dict[str, tuple] = {}  # leaf -> (mean, 1 / sqrt(var + eps)) once loaded
         self.reward_scale = 1.0
-        self.obs_rows: list[np.ndarray] = []
+        self.obs_rows: dict[str, list[np.ndarray]] = {}
         self.returns: list[float] = []
+        self.loaded: dict = {}  # the statistics arrays last loaded
+
+    def use_leaves(self, leaves: list[str]) -> None:
+        """Normalize these observation leaves (the env's, known once it is built), with the statistics
+        already loaded."""
+        self.leaves = list(leaves)
+        self.load(self.loaded)
 
     def load(self, weights: dict) -> None:
         """Use the shared statistics inside published weights (none there: leave them as they are)."""
-        obs, ret = RunningStats.from_arrays(weights, "obs"), RunningStats.from_arrays(weights, "ret")
-        if obs is not None and obs.count > 0:
-            self.obs_mean, self.obs_scale = obs.mean, 1.0 / np.sqrt(obs.var + EPSILON)
+        arrays = {k: v for k, v in weights.items() if k.startswith(STATISTICS_PREFIX)}
+        self.loaded = arrays or self.loaded
+        for leaf in self.leaves:
+            obs = RunningStats.from_arrays(weights, obs_part(leaf))
+            if obs is not None and obs.count > 0:
+                self.obs_stats[leaf] = (obs.mean, 1.0 / np.sqrt(obs.var + EPSILON))
+        ret = RunningStats.from_arrays(weights, RETURN_PART)
         if ret is not None and ret.count > 0:
             self.reward_scale = float(1.0 / np.sqrt(ret.var.reshape(-1)[0] + EPSILON))
 
-    def observation(self, obs: np.ndarray) -> np.ndarray:
+    def observation(self, obs):
         """A raw observation an env returned, normalized (and recorded, in a training process)."""
         if self.training:
-            self.obs_rows.append(np.array(obs, np.float64, copy=True))
+            for leaf, x in self._leaves_of(obs):
+                self.obs_rows.setdefault(leaf, []).append(np.array(x, np.float64, copy=True))
         return self.normalize(obs)
 
-    def normalize(self, obs: np.ndarray) -> np.ndarray:
-        out = (np.asarray(obs, np.float64) - self.obs_mean) * self.obs_scale
+    def normalize(self, obs):
+        if isinstance(obs, np.ndarray) and self.leaves == [""]:
+            return self._normalize_leaf("", obs)
+        named = tree.named_leaves(obs)
+        return tree.unflatten_like(obs, [self._normalize_leaf(n, x) if n in self.leaves else x for n, x in named])
+
+    def _leaves_of(self, obs) -> list[tuple[str, np.ndarray]]:
+        if self.leaves == [""]:
+            return [("", obs)]
+        return [(n, x) for n, x in tree.named_leaves(obs) if n in self.leaves]
+
+    def _normalize_leaf(self, leaf: str, x) -> np.ndarray:
+        mean, scale = self.obs_stats.get(leaf, (0.0, 1.0))
+        out = (np.asarray(x, np.float64) - mean) * scale
         if self.cfg.clip is not None:
             out = np.clip(out, -self.cfg.clip, self.cfg.clip)
         return out.astype(np.float32)
@@ -152,12 +202,10 @@ class Normalization:
 
     def take(self) -> dict[str, RunningStats] | None:
         """The statistics of the rows recorded since the last take (None: nothing recorded)."""
-        out = {}
-        if self.obs_rows:
-            out["obs"] = RunningStats.of(np.stack(self.obs_rows))
+        out = {obs_part(leaf): RunningStats.of(np.stack(rows)) for leaf, rows in self.obs_rows.items() if rows}
         if self.returns:
-            out["ret"] = RunningStats.of(np.asarray(self.returns)[:, None])  # one column: shapes survive any file
-        self.obs_rows, self.returns = [], []
+            out[RETURN_PART] = RunningStats.of(np.asarray(self.returns)[:, None])  # one column: shapes survive any file
+        self.obs_rows, self.returns = {}, []
         return out or None
 
 
@@ -167,10 +215,11 @@ class SharedObservationNormalization(gym.ObservationWrapper, gym.utils.RecordCon
     def __init__(self, env: gym.Env, normalization: Normalization):
         gym.utils.RecordConstructorArgs.__init__(self, normalization=normalization)
         gym.ObservationWrapper.__init__(self, env)
-        if not isinstance(env.observation_space, spaces.Box):
-            raise TypeError(f"env.normalize.obs needs a Box observation space, the env has {env.observation_space}")
+        leaves = normalized_leaves(env.observation_space)
+        check_normalizable(env.observation_space)
+        normalization.use_leaves(leaves)
         clip = normalization.cfg.clip if normalization.cfg.clip is not None else np.inf
-        self.observation_space = spaces.Box(-clip, clip, env.observation_space.shape, np.float32)
+        self.observation_space = _normalized_space(env.observation_space, "", leaves, clip)
         self.normalization = normalization
         self.raw = None  # the env's last observation
 
@@ -181,6 +230,19 @@ class SharedObservationNormalization(gym.ObservationWrapper, gym.utils.RecordCon
     def renormalized(self) -> np.ndarray:
         """The last observation again, normalized with the statistics now loaded (not recorded twice)."""
         return self.normalization.normalize(self.raw)
+
+
+def _normalized_space(space, name: str, leaves: list[str], clip: float):
+    """`space` with its `leaves` (named as `tree.named_leaves` names them, from `name`) as float32 Boxes
+    in [-clip, clip]."""
+    def child(key) -> str:
+        return f"{name}.{key}" if name else str(key)
+
+    if isinstance(space, spaces.Dict):
+        return spaces.Dict({k: _normalized_space(s, child(k), leaves, clip) for k, s in space.spaces.items()})
+    if isinstance(space, spaces.Tuple):
+        return spaces.Tuple([_normalized_space(s, child(i), leaves, clip) for i, s in enumerate(space.spaces)])
+    return spaces.Box(-clip, clip, space.shape, np.float32) if name in leaves else space
 
 
 class SharedRewardScaling(gym.Wrapper, gym.utils.RecordConstructorArgs):

@@ -1,9 +1,11 @@
-"""Environments for tests: faults (FlakyCartPole-v1, NaNCartPole-v1, HugeRewardCartPole-v1) and one paced by
-the clock (WaitingCartPole-v1). Use as env.id "distrl.envs.testing:<name>"."""
+"""Environments for tests: faults (FlakyCartPole-v1, NaNCartPole-v1, HugeRewardCartPole-v1), one paced by
+the clock (WaitingCartPole-v1) and one with a Dict observation (DictCartPole-v1). Use as env.id
+"distrl.envs.testing:<name>"."""
 from __future__ import annotations
 
 import gymnasium as gym
 import numpy as np
+from gymnasium import spaces
 from gymnasium.envs.classic_control import CartPoleEnv
 
 
@@ -94,3 +96,35 @@ class HugeRewardCartPole(SeededFaults):
 for _name, _cls in (("NaNCartPole-v1", NaNCartPole), ("HugeRewardCartPole-v1", HugeRewardCartPole)):
     if _name not in gym.envs.registry:
         gym.register(_name, entry_point=_cls, max_episode_steps=500, reward_threshold=475.0)
+
+
+class DictCartPole(CartPoleEnv):
+    """CartPole whose observation is a Dict: the cart's position and velocity (`cart`) and the pole's angle
+    and angular velocity (`pole`), two float leaves of very different scales, and the step count modulo
+    256 (`clock`, uint8), a leaf that is not a float."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        cart, pole = np.split(self.observation_space.high, 2)  # CartPole's own bounds
+        self.observation_space = spaces.Dict({
+            "cart": spaces.Box(-cart, cart, dtype=np.float32), "pole": spaces.Box(-pole, pole, dtype=np.float32),
+            "clock": spaces.Box(0, 255, (1,), np.uint8)})
+        self.steps = 0
+
+    def _dict(self, obs):
+        return {"cart": obs[:2].astype(np.float32), "pole": obs[2:].astype(np.float32),
+                "clock": np.array([self.steps % 256], np.uint8)}
+
+    def reset(self, *, seed: int | None = None, options=None):
+        obs, info = super().reset(seed=seed, options=options)
+        self.steps = 0
+        return self._dict(obs), info
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        self.steps += 1
+        return self._dict(obs), reward, terminated, truncated, info
+
+
+if "DictCartPole-v1" not in gym.envs.registry:
+    gym.register("DictCartPole-v1", entry_point=DictCartPole, max_episode_steps=500, reward_threshold=475.0)

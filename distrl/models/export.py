@@ -48,9 +48,9 @@ class ActingNetwork(nn.Module):
     def __init__(self, net: nn.Module, method: str, names: tuple[str, ...], rule, normalize=None, space=None,
                  state_shape: tuple[int, ...] | None = None):
         """`names`: what `net.<method>` returns, in its order; `self.names` adds `state_out` for a recurrent
-        net: every output after `action`, as the file names them. `normalize`: (mean, 1 / std, clip or None)
-        of the run's observation statistics (env.normalize.obs), applied to the raw observations the file is
-        given, as the run's envs apply them. `space`: the observation space; a structured one's leaves are
+        net: every output after `action`, as the file names them. `normalize`: ({leaf: (mean, 1 / std)}, clip or None)
+        of the run's observation statistics (env.normalize.obs; a flat observation is leaf ''), applied to
+        the raw observations the file is given, as the run's envs apply them. `space`: the observation space; a structured one's leaves are
         the file's inputs, one per leaf, named by their keys (`image`, `action_mask`, `pos.0`).
         `state_shape`: one env's recurrent state, (S, C), for a net whose method is `(obs, state) ->
         (outputs, next state)`; None for a feedforward one."""
@@ -62,11 +62,15 @@ class ActingNetwork(nn.Module):
         self.input_names = ["obs"] if self.structure is None else [n for n, _ in tree.named_leaves(self.structure)]
         if self.state_shape is not None:
             self.input_names.append("state")
-        self.normalizes = normalize is not None
+        self.normalized_inputs: list[int] = []  # the observation inputs normalized, by position
         if normalize is not None:  # in float64, as distrl.envs.normalize computes it
-            mean, scale, self.clip = normalize
-            self.register_buffer("obs_mean", torch.as_tensor(np.asarray(mean, np.float64)))
-            self.register_buffer("obs_scale", torch.as_tensor(np.asarray(scale, np.float64)))
+            stats, self.clip = normalize
+            names = [""] if self.structure is None else [n for n, _ in tree.named_leaves(self.structure)]
+            for i, name in enumerate(names):
+                if name in stats:
+                    self.register_buffer(f"obs_mean_{i}", torch.as_tensor(np.asarray(stats[name][0], np.float64)))
+                    self.register_buffer(f"obs_scale_{i}", torch.as_tensor(np.asarray(stats[name][1], np.float64)))
+                    self.normalized_inputs.append(i)
         factors = getattr(rule, "factors", None)
         if factors is not None:  # a MultiDiscrete or MultiBinary action: each factor's argmax
             self.register_buffer("factor_index", torch.as_tensor(factors.index), persistent=False)
@@ -81,8 +85,8 @@ class ActingNetwork(nn.Module):
 
     def forward(self, *inputs: torch.Tensor):
         leaves, state = (inputs, None) if self.state_shape is None else (inputs[:-1], inputs[-1])
-        obs = leaves[0] if self.structure is None else tree.unflatten_like(self.structure, list(leaves))
-        obs = self.normalized(obs)
+        leaves = [self.normalized(i, x) if i in self.normalized_inputs else x for i, x in enumerate(leaves)]
+        obs = leaves[0] if self.structure is None else tree.unflatten_like(self.structure, leaves)
         if state is None:
             out, after = getattr(self.net, self.method)(obs), ()
         else:
@@ -93,10 +97,8 @@ class ActingNetwork(nn.Module):
         named = dict(zip(self.outputs, values))
         return (self.greedy(named), *values, *after)
 
-    def normalized(self, obs):
-        if not self.normalizes:
-            return obs
-        obs = (obs.double() - self.obs_mean) * self.obs_scale
+    def normalized(self, i: int, obs: torch.Tensor) -> torch.Tensor:
+        obs = (obs.double() - getattr(self, f"obs_mean_{i}")) * getattr(self, f"obs_scale_{i}")
         if self.clip is not None:
             obs = obs.clamp(-self.clip, self.clip)
         return obs.float()

@@ -12,11 +12,13 @@ class RecordRawObservations(gym.Wrapper):
     """Appends each observation to DIRECTORY/<pid>-<seed of the env's first reset>.txt, one row per line,
     after a 0 (a reset's) or a 1 (a step's). An env first reset with seed 0 (the config check's) writes nothing."""
 
-    def __init__(self, env: gym.Env, directory: str):
+    def __init__(self, env: gym.Env, directory: str, leaf: str | None = None):
+        """`leaf`: the key of a Dict observation whose leaf is written (None: the observation)."""
         super().__init__(env)
-        self.directory, self.path = directory, None
+        self.directory, self.path, self.leaf = directory, None, leaf
 
     def _write(self, obs, kind: int) -> None:
+        obs = obs if self.leaf is None else obs[self.leaf]
         if self.path:
             with open(self.path, "a") as fh:
                 fh.write(f"{kind} " + " ".join(f"{x:.9e}" for x in np.asarray(obs, np.float32).reshape(-1)) + "\n")

@@ -2,6 +2,7 @@
 evaluator's frozen use of them."""
 import numpy as np
 import pytest
+from gymnasium import spaces
 from gymnasium.utils.env_checker import check_env as gymnasium_check_env
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -132,3 +133,39 @@ def test_the_normalized_env_passes_gymnasiums_checker(training):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # its advice on wrapped envs is not a failure
         gymnasium_check_env(env, skip_render_check=True)
+
+
+def test_a_dict_observation_s_float_leaves_are_normalized_each_by_their_own_statistics():
+    """DictCartPole: `cart` and `pole` (floats of different scales) each get statistics of their own; the
+    uint8 `clock` passes through untouched and is not recorded."""
+    cfg = NormalizeConfig(obs=True, clip=4.0)
+    norm = normalization_for(cfg, True)
+    env = make_env("distrl.envs.testing:DictCartPole-v1", normalization=norm)
+    space = env.observation_space
+    assert space["cart"] == space["pole"] == spaces.Box(-4.0, 4.0, (2,), np.float32)
+    assert space["clock"] == spaces.Box(0, 255, (1,), np.uint8)
+    gymnasium_check_env(env.unwrapped, skip_render_check=True)
+    raw = {"cart": [], "pole": []}
+    obs, _ = env.reset(seed=1)
+    for _ in range(40):
+        obs, _, term, trunc, _ = env.step(env.action_space.sample())
+        assert obs["clock"].dtype == np.uint8 and space.contains(obs)
+        if term or trunc:
+            obs, _ = env.reset()
+    for leaf in raw:  # the rows recorded are the raw leaves: the unnormalized env's observations
+        raw[leaf] = np.stack(norm.obs_rows[leaf])
+    taken = norm.take()
+    assert set(taken) == {"obs.cart", "obs.pole"}
+    assert taken["obs.cart"].count == 42  # two resets' and 40 steps' observations
+
+    stats = SharedStatistics()
+    stats.merge(taken)
+    frozen = normalization_for(cfg, False, stats.arrays())  # loaded before its env says which leaves it has
+    evaluation = make_env("distrl.envs.testing:DictCartPole-v1", normalization=frozen, training=False)
+    obs, _ = evaluation.reset(seed=5)
+    again = make_env("distrl.envs.testing:DictCartPole-v1").reset(seed=5)[0]
+    for leaf in ("cart", "pole"):
+        want = np.clip((again[leaf] - raw[leaf].mean(0)) / np.sqrt(raw[leaf].var(0) + EPSILON), -4.0, 4.0)
+        np.testing.assert_allclose(obs[leaf], want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(obs["clock"], again["clock"])
+    assert frozen.take() is None

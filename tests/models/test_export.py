@@ -269,30 +269,39 @@ def test_a_policy_or_a_path_that_cannot_export_is_one_line_and_exit_2(tmp_path, 
     assert not [f for f in os.listdir(tmp_path) if f != algo]  # nothing written
 
 
-def test_an_exported_policy_normalizes_raw_observations_as_the_run_did(tmp_path):
+@pytest.mark.parametrize("env_id, leaves", [("CartPole-v1", {"": 4}),
+                                             ("distrl.envs.testing:DictCartPole-v1", {"cart": 2, "pole": 2})])
+def test_an_exported_policy_normalizes_raw_observations_as_the_run_did(tmp_path, env_id, leaves):
     """env.normalize.obs: the file takes the env's raw observations and applies the statistics the best
-    checkpoint's weights came with (frozen, clipped), as the run's evaluator envs do."""
+    checkpoint's weights came with (frozen, clipped), as the run's evaluator envs do; a Dict observation's
+    float leaves each with their own (DictCartPole's uint8 `clock` as it is)."""
+    from distrl import tree
     from distrl.api import export
-    from distrl.envs.normalize import Normalization, RunningStats
+    from distrl.envs.normalize import Normalization, RunningStats, normalized_leaves, obs_part
 
-    cfg = load_config(None, ["algo=ppo", "env.id=CartPole-v1", "env.normalize.obs=true", "env.normalize.clip=2"])
+    cfg = load_config(None, ["algo=ppo", f"env.id={env_id}", "env.normalize.obs=true", "env.normalize.clip=2"])
     d = tmp_path / "run"
     d.mkdir()
     (d / "config.yaml").write_text(dump_yaml(cfg))
     rng = np.random.default_rng(0)
-    stats = RunningStats.of(rng.normal([1.0, -2.0, 0.5, 3.0], [0.5, 2.0, 0.1, 4.0], (500, 4)))
-    weights = {**make_algorithm(cfg).make_learner("cpu").get_weights(), **stats.arrays("obs")}
+    weights = make_algorithm(cfg).make_learner("cpu").get_weights()
+    for leaf, n in leaves.items():
+        means, spreads = rng.normal(0.0, 2.0, n), rng.uniform(0.1, 4.0, n)
+        weights.update(RunningStats.of(rng.normal(means, spreads, (500, n))).arrays(obs_part(leaf)))
     save_best(str(d), weights, {"version": 3, "return_mean": 9.0})
     path = str(tmp_path / "policy.onnx")
     export(str(d), onnx=path)
-    raw = rng.normal([1.0, -2.0, 0.5, 3.0], [2.0, 4.0, 1.0, 8.0], (64, 4)).astype(np.float32)
-    normalization = Normalization(cfg.env.normalize, training=False)
-    normalization.load(weights)
     from distrl.api import _run_policy
 
     policy, _, _ = _run_policy(str(d), cfg)
+    normalization = Normalization(cfg.env.normalize, training=False, leaves=normalized_leaves(policy.acting_space))
+    assert normalization.leaves == list(leaves)
+    normalization.load(weights)
+    raw = tree.sample(policy.acting_space, 64, seed=2)
+    raw = tree.map(lambda x: (x * 3.0).astype(np.float32) if x.dtype.kind == "f" else x, raw)  # beyond the clip too
     want = policy.act(normalization.normalize(raw), explore=False)[0]
-    got = ort.InferenceSession(path).run(["action"], {"obs": raw})[0]
+    got = ort.InferenceSession(path).run(["action"], dict(tree.named_leaves(raw)) if leaves.keys() != {""}
+                                         else {"obs": raw})[0]
     np.testing.assert_array_equal(got, want)
     assert not np.array_equal(want, policy.act(raw, explore=False)[0])  # normalizing changes some actions
 

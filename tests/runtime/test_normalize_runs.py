@@ -17,11 +17,13 @@ from tests.envs.raw_observations import first_steps, recorded
 T, E = 16, 2  # fragment length, envs per worker
 
 
-def config(mode: str, directory: str, steps: int) -> dict:
+def config(mode: str, directory: str, steps: int, env_id: str = "Pendulum-v1", leaf: str | None = None) -> dict:
+    """`leaf`: the Dict observation's leaf the raw files record."""
     return {
         "algo": "ppo", "mode": mode, "workers": 2, "seed": 100,
-        "env": {"id": "Pendulum-v1", "num_envs": E, "kwargs": {"max_episode_steps": 50},
-                "wrappers": [{"tests.envs.raw_observations:RecordRawObservations": {"directory": directory},
+        "env": {"id": env_id, "num_envs": E, "kwargs": {"max_episode_steps": 50},
+                "wrappers": [{"tests.envs.raw_observations:RecordRawObservations": {"directory": directory,
+                                                                                     "leaf": leaf},
                               "train_only": True}],
                 "normalize": {"obs": True, "reward": True, "clip": 5.0, "gamma": 0.95}},
         "rollout": {"fragment_length": T}, "ppo": {"epochs": 1, "minibatches": 1},
@@ -30,13 +32,15 @@ def config(mode: str, directory: str, steps: int) -> dict:
     }
 
 
-def learner_statistics(run_dir: str) -> RunningStats:
+def learner_statistics(run_dir: str, parts=("obs", "ret")) -> RunningStats:
+    """The learner's statistics of the first of `parts`, which are all the parts it has."""
     newest = sorted(glob.glob(os.path.join(run_dir, "checkpoints", "ckpt-*")))[-1]
     blob = torch.load(os.path.join(newest, "learner.pt"), weights_only=True)
     stats = SharedStatistics()
     stats.load({k: v.numpy() for k, v in blob["learner"]["statistics"].items()})
-    assert set(stats.parts) == {"obs", "ret"}
-    return stats.parts["obs"]
+    assert set(stats.parts) == set(parts)
+    assert len({stats.parts[p].count for p in parts if p != "ret"}) == 1  # every leaf saw every row
+    return stats.parts[parts[0]]
 
 
 def one_pass(rows: list[np.ndarray]) -> RunningStats:
@@ -78,15 +82,21 @@ def test_single_mode_statistics_are_one_pass_over_every_raw_observation_and_resu
     assert_equal_stats(after, one_pass([obs for obs, _ in files.values()]))  # carried on from the checkpoint, not from zero
 
 
-@pytest.mark.parametrize("mode", ["sync", "async"])
-def test_ray_workers_statistics_merge_exactly_at_the_learner(tmp_path, ray_session, mode):
+@pytest.mark.parametrize("mode, env_id, parts", [
+    ("sync", "Pendulum-v1", ("obs", "ret")),
+    ("async", "Pendulum-v1", ("obs", "ret")),
+    # a Dict observation: a part per float leaf (the uint8 clock has none); the raw files hold `pole`
+    ("sync", "distrl.envs.testing:DictCartPole-v1", ("obs.pole", "obs.cart", "ret")),
+])
+def test_ray_workers_statistics_merge_exactly_at_the_learner(tmp_path, ray_session, mode, env_id, parts):
     raw = tmp_path / "raw"
     raw.mkdir()
     run_dir = str(tmp_path / "run")
-    summary = train(config(mode, str(raw), 800), run_dir=run_dir)
+    leaf = parts[0].split(".")[1] if "." in parts[0] else None
+    summary = train(config(mode, str(raw), 800, env_id, leaf), run_dir=run_dir)
     files = recorded(str(raw))
     assert len({name.split("-")[0] for name in files}) == 2 and len(files) == 2 * E  # two worker processes
-    got = learner_statistics(run_dir)
+    got = learner_statistics(run_dir, parts)
     assert got.count >= 0.5 * summary["env_steps"]  # most fragments reached the learner
     candidates = list(fragments_merged(files, got.count))
     assert candidates, f"no prefix of the workers' fragments has {got.count} rows"
