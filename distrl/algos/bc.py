@@ -16,6 +16,7 @@ from gymnasium import spaces
 from torch import nn
 from torch.nn import functional as F
 
+from distrl import tree
 from distrl.algos.common import (BoxScaler, NetworkPolicy, adam, as_tensors, guarded_step, load_optimizer_state,
                                  step_report, stored_obs)
 from distrl.algos.offline import OfflineAlgorithm, dataset_trajectory
@@ -24,6 +25,7 @@ from distrl.config.fields import f
 from distrl.config.sections import ModelConfig
 from distrl.core import Batch, Learner, Trajectory
 from distrl.models import make_torso
+from distrl.models.masking import apply_mask
 from distrl.sampling import Categorical, Gaussian
 
 
@@ -34,16 +36,16 @@ class BCConfig:
 
 
 class BCNetwork(nn.Module):
-    """torso -> logits (Discrete) or tanh(mean) (Box, in [-1, 1])."""
+    """torso -> logits (Discrete; masked actions' at MASKED) or tanh(mean) (Box, in [-1, 1])."""
 
     def __init__(self, torso: nn.Module, out_dim: int, box: bool):
         super().__init__()
         self.torso, self.box = torso, box
         self.head = nn.Linear(torso.out_features, out_dim)
 
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+    def forward(self, obs) -> torch.Tensor:
         out = self.head(self.torso(obs))
-        return torch.tanh(out) if self.box else out
+        return torch.tanh(out) if self.box else apply_mask(out, tree.mask_of(obs))
 
 
 class BCLearner(ShardedLearner, Learner):
@@ -123,6 +125,7 @@ class BC(OfflineAlgorithm):
     model_config = ModelConfig
     model_defaults = {"hidden": [64, 64]}
     actions = ("discrete", "box")
+    structured_obs = True
     gradient_workers = True
     learner_cls, policy_cls = BCLearner, BCPolicy
 
@@ -137,4 +140,4 @@ class BC(OfflineAlgorithm):
         actions = traj.actions[:, 0]
         if isinstance(self.spec.action_space, spaces.Box):
             actions = BoxScaler(self.spec.action_space).to_unit(actions)
-        return {"obs": stored_obs(traj.obs[:, 0]), "actions": actions}
+        return {"obs": stored_obs(tree.index(traj.obs, (slice(None), 0))), "actions": actions}

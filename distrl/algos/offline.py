@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from distrl import tree
 from distrl.algos.common import NetworkAlgorithm
 from distrl.core import Batch, Trajectory
 
@@ -14,8 +15,8 @@ def dataset_trajectory(steps) -> Trajectory:
     ends[np.asarray(steps.episode_ends) - 1] = True
     truncated = np.asarray(steps.truncated, bool) | (ends & ~np.asarray(steps.terminated, bool))
     col = lambda x: np.asarray(x)[:, None]  # noqa: E731 - one env
-    return Trajectory(col(steps.obs), col(steps.actions), col(steps.rewards).astype(np.float32),
-                      col(steps.terminated).astype(bool), truncated[:, None], col(steps.next_obs))
+    return Trajectory(tree.map(col, steps.obs), col(steps.actions), col(steps.rewards).astype(np.float32),
+                      col(steps.terminated).astype(bool), truncated[:, None], tree.map(col, steps.next_obs))
 
 
 class OfflineAlgorithm(NetworkAlgorithm):

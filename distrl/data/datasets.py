@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from distrl import tree
+
 NAME = re.compile(r"^[A-Za-z0-9_.-]+-v\d+$")
 
 
@@ -91,7 +93,8 @@ class DatasetWriter:
 
 @dataclass
 class Transitions:
-    """A dataset flattened for replay: per step obs, action, reward, next obs (the true one), flags."""
+    """A dataset flattened for replay: per step obs, action, reward, next obs (the true one), flags; obs and
+    next_obs are trees of arrays (`distrl.tree`) for a Dict or Tuple observation."""
 
     obs: np.ndarray
     actions: np.ndarray
@@ -118,12 +121,13 @@ def read_dataset(path_or_id: str) -> Transitions:
         cols: list[list[np.ndarray]] = [[] for _ in range(6)]
         ends = []
         for ep in dataset.iterate_episodes():
-            o = np.asarray(ep.observations)
-            if len(o) != len(ep.actions) + 1:
-                raise DatasetError(f"dataset {path_or_id}: episode {ep.id} holds {len(o)} observations for "
+            o = tree.as_arrays(_tree(ep.observations))  # Minari gives a Dict's observations as a dict of arrays
+            if tree.rows(o) != len(ep.actions) + 1:
+                raise DatasetError(f"dataset {path_or_id}: episode {ep.id} holds {tree.rows(o)} observations for "
                                    f"{len(ep.actions)} actions (expected one more: the final observation)")
-            for c, x in zip(cols, (o[:-1], ep.actions, ep.rewards, o[1:], ep.terminations, ep.truncations)):
-                c.append(np.asarray(x))
+            before, after = tree.index(o, slice(None, -1)), tree.index(o, slice(1, None))
+            for c, x in zip(cols, (before, ep.actions, ep.rewards, after, ep.terminations, ep.truncations)):
+                c.append(tree.as_arrays(x))
             ends.append(sum(len(a) for a in cols[1]))
     except DatasetError:
         raise
@@ -131,14 +135,26 @@ def read_dataset(path_or_id: str) -> Transitions:
         raise DatasetError(f"dataset {path_or_id} cannot be read: {' '.join(str(e).split())[:200]}") from None
     if not ends:
         raise DatasetError(f"dataset {path_or_id} holds no episodes")
-    obs, actions, rewards, next_obs, term, trunc = (np.concatenate(c) for c in cols)
+    obs, actions, rewards, next_obs, term, trunc = (tree.concatenate(c) for c in cols)
     return Transitions(obs, actions, rewards.astype(np.float32), next_obs, term.astype(bool), trunc.astype(bool),
                        np.asarray(ends, np.int64), dataset.observation_space, dataset.action_space,
                        dict(dataset.storage.metadata))
 
 
+def _tree(observations):
+    """Minari's observations of an episode as distrl's tree: a Tuple's come as a tuple (or list) of leaves."""
+    if isinstance(observations, dict):
+        return {k: _tree(v) for k, v in observations.items()}
+    if isinstance(observations, (tuple, list)):
+        return tuple(_tree(v) for v in observations)
+    return observations
+
+
 def space_mismatch(dataset_space, env_space, what: str) -> str | None:
-    """Why a dataset's space does not fit the env's, or None."""
+    """Why a dataset's space does not fit the env's, or None (a Dict or Tuple space: equal leaf by leaf)."""
+    if tree.is_structured(dataset_space) or tree.is_structured(env_space):
+        same = dataset_space == env_space
+        return None if same else f"its {what} space {dataset_space} does not match the env's {env_space}"
     same = (type(dataset_space) is type(env_space) and getattr(dataset_space, "shape", None) == env_space.shape
             and getattr(dataset_space, "n", None) == getattr(env_space, "n", None))
     if same and hasattr(env_space, "low"):

@@ -80,3 +80,35 @@ def test_space_mismatches_are_named():
     assert space_mismatch(cart.observation_space, cart.observation_space, "observation") is None
     assert "observation space" in space_mismatch(pend.observation_space, cart.observation_space, "observation")
     assert "action space" in space_mismatch(pend.action_space, cart.action_space, "action")
+
+
+def test_a_dict_observation_dataset_reads_back_leaf_by_leaf_and_its_space_is_compared_whole(tmp_path, monkeypatch):
+    from distrl import tree
+    from distrl.envs import make_env
+
+    env = make_env("distrl.envs.testing:DictCartPole-v1")
+    env.action_space.seed(0)
+    episodes = []
+    for i in range(3):
+        obs, _ = env.reset(seed=i)
+        seen, acts, rews, term, trunc = [obs], [], [], [], []
+        while not (term and (term[-1] or trunc[-1])):
+            acts.append(env.action_space.sample())
+            obs, r, te, tr, _ = env.step(acts[-1])
+            seen.append(obs), rews.append(r), term.append(te), trunc.append(tr)
+        episodes.append(Episode(tree.stack(seen), np.array(acts), np.array(rews), np.array(term), np.array(trunc)))
+    DatasetWriter(str(tmp_path / "dict-random-v0"), env.observation_space, env.action_space, {}).add(episodes)
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path))
+    back = next(minari.load_dataset("dict-random-v0").iterate_episodes())  # Minari's own reader sees the Dict
+    np.testing.assert_array_equal(back.observations["pole"], episodes[0].observations["pole"])
+
+    steps = read_dataset(str(tmp_path / "dict-random-v0"))
+    n = len(episodes[0].actions)
+    for leaf in ("cart", "clock", "pole"):
+        assert steps.obs[leaf].dtype == episodes[0].observations[leaf].dtype
+        np.testing.assert_array_equal(steps.obs[leaf][:n], episodes[0].observations[leaf][:-1])
+        np.testing.assert_array_equal(steps.next_obs[leaf][:n], episodes[0].observations[leaf][1:])
+    assert len(steps.obs["cart"]) == len(steps.rewards) == sum(len(e.actions) for e in episodes)
+    assert space_mismatch(steps.observation_space, env.observation_space, "observation") is None
+    other = make_env("distrl.envs.testing:DictCartPole-v1", obs_keys=["cart", "pole"]).observation_space
+    assert "observation space Dict(" in space_mismatch(steps.observation_space, other, "observation")

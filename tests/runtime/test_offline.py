@@ -72,6 +72,48 @@ def test_cql_on_the_mixed_dataset_reaches_475_and_beats_bc_on_the_same_data(cart
     assert len(returns) >= 5 and float(np.mean(returns)) < 475 <= cql["best_eval_return"], (returns, cql)
 
 
+DICT_CARTPOLE = "distrl.envs.testing:DictCartPole-v1"
+
+
+def dict_expert(path: str, episodes: int) -> None:
+    """A scripted expert's episodes of DictCartPole (it reads both float leaves, `cart` and `pole`, and
+    balances for the whole 500 steps), written as a Minari dataset with the Dict observation space."""
+    from distrl import tree
+    from distrl.data.datasets import DatasetWriter, Episode
+    from distrl.envs import make_env
+
+    env = make_env(DICT_CARTPOLE)
+    writer = DatasetWriter(path, env.observation_space, env.action_space, {"algo": "scripted"})
+    for i in range(episodes):
+        obs, _ = env.reset(seed=100 + i)
+        seen, actions, rewards, term, trunc = [obs], [], [], [], []
+        while not (term and (term[-1] or trunc[-1])):
+            (x, v), (theta, omega) = obs["cart"], obs["pole"]
+            actions.append(int(3 * theta + omega + 0.1 * x + 0.3 * v > 0))
+            obs, r, te, tr, _ = env.step(actions[-1])
+            seen.append(obs), rewards.append(r), term.append(te), trunc.append(tr)
+        writer.add([Episode(tree.stack(seen), np.array(actions), np.array(rewards), np.array(term), np.array(trunc))])
+
+
+def test_bc_and_cql_learn_from_a_dict_dataset_and_record_writes_one(tmp_path):
+    """A Dict observation through the offline path: read from a Minari dataset leaf by leaf, learned by BC
+    and CQL to CartPole's target, and written back by `distrl record` as a Dict dataset."""
+    expert = str(tmp_path / "dict-expert-v0")
+    dict_expert(expert, 10)
+    on_dict = [f"env.id={DICT_CARTPOLE}", f"data.dataset={expert}", *QUIET]
+    bc = train(config("bc_cartpole"), run_dir=str(tmp_path / "bc"), overrides=[*on_dict, "stop.max_updates=6000"])
+    assert bc["solved"] and bc["best_eval_return"] >= 475, bc
+    cql = train(config("cql_cartpole"), run_dir=str(tmp_path / "cql"), overrides=[*on_dict, "stop.max_updates=10000"])
+    assert cql["solved"] and cql["best_eval_return"] >= 475, cql
+
+    again = str(tmp_path / "bc-greedy-v0")
+    assert main(["record", str(tmp_path / "bc"), "--episodes", "3", "-o", again, "--seed", "5"]) == 0
+    steps = read_dataset(again)
+    assert set(steps.obs) == {"cart", "clock", "pole"} and steps.obs["clock"].dtype == np.uint8
+    assert len(steps.episode_ends) == 3 and len(steps.rewards) >= 3 * 475
+    np.testing.assert_array_equal(steps.obs["clock"][:10, 0], np.arange(10))  # the episode's own leaves
+
+
 def test_a_dataset_written_with_minaris_own_api_trains_here(cartpole_data, tmp_path, monkeypatch):
     _, expert, _ = cartpole_data
     monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path))
