@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from distrl import tree
 from distrl.algos.capture import GraphedStep, capturable, static_shapes
 from distrl.algos.common import adam, as_tensors, guarded_step, load_optimizer_state, step_report
 from distrl.config.fields import f
@@ -143,7 +144,8 @@ class SequenceQLearner(TargetNetworkState):
                              f"n_step = {self.seq_len}: the policy and learner disagree on cfg.sequence")
 
     def update(self, batch) -> dict:
-        out = self.run_step(as_tensors(batch, self.device))
+        # A structured observation's leaves come as columns (`obs.image`, ...): its tree again.
+        out = self.run_step(tree.from_columns(as_tensors(batch, self.device)))
         self.count_update()
         return out
 

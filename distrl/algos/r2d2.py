@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from distrl import tree
 from distrl.algos.common import NetworkAlgorithm
 from distrl.algos.qlearning import DuelingHead, QLearningConfig, SequenceQLearner
 from distrl.algos.r2d2_acting import R2D2Policy, nstep_targets, rescale, sequence_priorities, unrescale
@@ -38,6 +39,7 @@ from distrl.config.fields import f
 from distrl.config.sections import RecurrentModelConfig
 from distrl.core import Learner
 from distrl.models import RecurrentCore, make_torso
+from distrl.models.masking import apply_mask
 
 
 @dataclass
@@ -48,19 +50,26 @@ class R2D2Config(QLearningConfig):
 
 
 class R2D2Network(nn.Module):
-    """Torso -> recurrent core -> (dueling) Q head; states are (B, S, C) (`distrl.models.cores`)."""
+    """Torso -> recurrent core -> (dueling) Q head, masked where the observation has an action mask; states
+    are (B, S, C) (`distrl.models.cores`). `step_ndim`: the rank of one step's first observation leaf (a
+    flat observation's own), which tells the leading axes of any input."""
 
-    def __init__(self, torso: nn.Module, obs_shape: tuple, num_actions: int, core: str, core_size: int,
+    def __init__(self, torso: nn.Module, step_ndim: int, num_actions: int, core: str, core_size: int,
                  dueling: bool):
         super().__init__()
-        self.torso, self.obs_shape = torso, tuple(obs_shape)
+        self.torso, self.step_ndim = torso, int(step_ndim)
         self.core = RecurrentCore(core, torso.out_features, core_size)
         self.head = DuelingHead(core_size, num_actions, dueling)
 
-    def features(self, obs: torch.Tensor) -> torch.Tensor:
-        """The torso over any leading axes: (..., *obs_shape) -> (..., F)."""
-        lead = obs.shape[:obs.dim() - len(self.obs_shape)]
-        return self.torso(obs.reshape(-1, *self.obs_shape)).view(*lead, -1)
+    def features(self, obs) -> torch.Tensor:
+        """The torso over any leading axes: (..., *step shape) per leaf -> (..., F)."""
+        first = tree.leaves(obs)[0]
+        n = first.dim() - self.step_ndim
+        return self.torso(tree.flatten_lead(obs, n)).view(*first.shape[:n], -1)
+
+    def masked_q(self, out: torch.Tensor, obs) -> torch.Tensor:
+        """The head's Q over core outputs, the actions `obs`'s mask (if any) rules out at MASKED."""
+        return apply_mask(self.head(out), tree.mask_of(obs))
 
     def unroll(self, obs: torch.Tensor, state: torch.Tensor, first: torch.Tensor | None = None
                ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -68,10 +77,10 @@ class R2D2Network(nn.Module):
         zeroed before each step where `first` (T, B) is True."""
         return self.core.unroll(self.features(obs), state, first)
 
-    def step(self, obs: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def step(self, obs, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(Q (B, A), next state (B, S, C)) of one step."""
         out, after = self.core.step(self.features(obs), state)
-        return self.head(out), after
+        return self.masked_q(out, obs), after
 
 
 class R2D2Learner(SequenceQLearner, Learner):
@@ -83,18 +92,19 @@ class R2D2Learner(SequenceQLearner, Learner):
         """Online Q with gradient and target Q, both (L - burn_in, B, A), after the burn-in."""
         b = self.burn_in
         obs, first, state = t["obs"], t["first"], t["state"]
+        after_burn_in = tree.index(obs, slice(b, None))
         with torch.no_grad():
             out, _ = self.target.unroll(obs, state, first)
-            q_target = self.target.head(out[b:])
+            q_target = self.target.masked_q(out[b:], after_burn_in)
             if b:
-                _, state = self.q.unroll(obs[:b], state, first[:b])
-        out, _ = self.q.unroll(obs[b:], state, first[b:])
-        return self.q.head(out), q_target
+                _, state = self.q.unroll(tree.index(obs, slice(None, b)), state, first[:b])
+        out, _ = self.q.unroll(after_burn_in, state, first[b:])
+        return self.q.masked_q(out, after_burn_in), q_target
 
     def loss_and_td(self, t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(loss, td (length, B), Q of the taken actions (length, B)) on a batch of tensors."""
         cfg, b, n = self.cfg, self.burn_in, self.length
-        self.check_steps(t["obs"].shape[0])
+        self.check_steps(tree.leaves(t["obs"])[0].shape[0])
         q, q_target = self._unroll_both(t)
         actions = t["actions"][b:b + n].long().unsqueeze(-1)
         q_taken = q[:n].gather(-1, actions).squeeze(-1)
@@ -127,10 +137,12 @@ class R2D2(NetworkAlgorithm):
     model_config = RecurrentModelConfig
     model_defaults = {"hidden": [64], "core": "lstm", "core_size": 64}
     actions = ("discrete",)
+    structured_obs = True
     data_path = "sequence"
     learner_cls, policy_cls = R2D2Learner, R2D2Policy
 
     def build_network(self) -> R2D2Network:
         space = self.spec.observation_space
-        return R2D2Network(make_torso(space, self.model, self.image_torso), space.shape,
+        step_ndim = len(tree.leaf_spaces(space)[0][1].shape)
+        return R2D2Network(make_torso(space, self.model, self.image_torso), step_ndim,
                            int(self.spec.action_space.n), self.model.core, self.model.core_size, self.cfg.dueling)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from distrl import tree
 from distrl.algos.common import NetworkPolicy, stored_obs
 from distrl.algos.qlearning import epsilon_greedy, worker_epsilon
 from distrl.core import Batch, Trajectory
@@ -88,6 +89,11 @@ def sequence_priorities(abs_td, mask, eta: float):
     peak = abs_td.max(0)
     peak = getattr(peak, "values", peak)  # torch's max over an axis also gives the indices
     return eta * peak + (1.0 - eta) * abs_td.sum(0) / count
+
+
+def obs_columns(obs) -> dict[str, np.ndarray]:
+    """Observations as stored fields: `obs`, or a structured observation's leaves as `obs.<key>` columns."""
+    return tree.to_columns({"obs": stored_obs(obs)})
 
 
 # ---------------------------------------------------------------- the policy
@@ -163,13 +169,14 @@ class R2D2Policy(SequencePolicy):
     def postprocess(self, traj: Trajectory) -> tuple[Batch, np.ndarray]:
         """The adder's message for the items that completed, and their initial priorities (N,)."""
         if self._adder is None:
-            self._adder = self._make_adder(traj.obs.shape[1])
+            self._adder = self._make_adder(traj.rewards.shape[1])
         q = traj.extras["q"]
         aux = {"q_taken": np.take_along_axis(q, traj.actions[..., None].astype(np.int64), axis=-1)[..., 0],
                "v": q.max(axis=-1), "v_final": self._final_values(traj)}
-        steps = {"obs": stored_obs(traj.obs), "actions": traj.actions,
+        # A structured observation's leaves are fields of their own (`obs.image`, ...), as replay keeps them.
+        steps = {**obs_columns(traj.obs), "actions": traj.actions,
                  "rewards": traj.rewards.astype(np.float32, copy=False)}
-        out = self._adder.add(steps, {"obs": stored_obs(traj.next_obs)},
+        out = self._adder.add(steps, obs_columns(traj.next_obs),
                               traj.terminated, traj.truncated, traj.extras["state"], self.version, aux)
         if out is None:
             return self._empty_message(traj), np.zeros(0, np.float32)
@@ -179,7 +186,8 @@ class R2D2Policy(SequencePolicy):
     def _final_values(self, traj: Trajectory) -> np.ndarray:
         """(T, E) max_a Q(s_T) after each truncated (not terminated) episode's last step, else 0."""
         out = np.zeros(traj.rewards.shape, np.float32)
-        got = self.after_truncation(traj, lambda ts, es: traj.obs[ts, es], lambda ts, es: traj.next_obs[ts, es])
+        got = self.after_truncation(traj, lambda ts, es: tree.index(traj.obs, (ts, es)),
+                                    lambda ts, es: tree.index(traj.next_obs, (ts, es)))
         if got is not None:
             out[got[0]] = got[1]["q"].max(axis=1)
         return out
@@ -203,7 +211,8 @@ class R2D2Policy(SequencePolicy):
 
     def _empty_message(self, traj: Trajectory) -> Batch:
         """The message of no items, with every key and trailing shape of a real one."""
-        per_step = {"obs": (traj.obs.shape[2:], stored_obs(traj.obs[:0]).dtype),
+        no_obs = obs_columns(tree.index(traj.obs, slice(0, 0)))
+        per_step = {**{k: (v.shape[2:], v.dtype) for k, v in no_obs.items()},
                     "actions": (traj.actions.shape[2:], traj.actions.dtype),
                     "rewards": ((), np.float32), "discount": ((), np.float32), "mask": ((), np.float32)}
         return empty_message(per_step, self.seq.chunk_length, self.sequence_length, self.state_shape,

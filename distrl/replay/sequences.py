@@ -170,8 +170,8 @@ class SequenceAdder:
         te = terminated.shape
         if te[1] != self.num_envs:
             raise ValueError(f"got {te[1]} envs, adder has {self.num_envs}")
-        if "rewards" not in steps or "obs" not in next_obs:
-            raise ValueError("steps needs 'rewards' and next_obs needs 'obs'")
+        if "rewards" not in steps or not next_obs:
+            raise ValueError("steps needs 'rewards' and next_obs the observation fields")
         clash = (set(steps) | set(aux)) & set(ADDED_FIELDS) or set(steps) & set(aux)
         if clash:
             raise ValueError(f"field names used twice or reserved: {sorted(clash)}")

@@ -267,3 +267,44 @@ def test_uint8_frames_learn_as_their_float_frames():
     loss_f, td_f, _ = on_floats.loss_and_td({k: torch.as_tensor(v) for k, v in floats.items()})
     assert torch.equal(td_b, td_f) and torch.equal(loss_b, loss_f)
     assert np.isfinite(update_once(on_bytes, dict(batch, obs=frames))["loss"])
+
+
+def test_a_dict_observation_s_mask_rules_actions_out_of_the_targets_max_and_replay_s_columns_rebuild_it():
+    """Dict{x, action_mask}: the learner takes the columns sequence replay sends (`obs.x`,
+    `obs.action_mask`), and its targets bootstrap from the best legal action, as a step-by-step reference
+    with masked Q-values does; a masked action's Q is MASKED in every step."""
+    from gymnasium import spaces
+
+    from distrl.core import EnvSpec
+    from distrl.sampling import MASKED
+
+    spec = EnvSpec(spaces.Dict({"x": spaces.Box(-1.0, 1.0, (3,), np.float32), "action_mask": spaces.MultiBinary(3)}),
+                   spaces.Discrete(3))
+    cfg = make_cfg(2, 4, 2, "r2d2.double=false", "r2d2.value_rescaling=false")
+    learner = make_algorithm(cfg, spec).make_learner("cpu")
+    rng = np.random.default_rng(5)
+    batch = make_batch(rng, 8, 6, (2, 8), first_at=[None, 1, None, 0, None, None])
+    mask = (rng.random((8, 6, 3)) < 0.5).astype(np.int8)
+    mask[np.arange(8)[:, None], np.arange(6), batch["actions"]] = 1  # the actions taken were legal
+    columns = {**{k: v for k, v in batch.items() if k != "obs"}, "obs.x": batch["obs"], "obs.action_mask": mask}
+    obs = {"x": batch["obs"], "action_mask": mask}
+
+    def masked_stepped(net):
+        state, qs = torch.as_tensor(batch["state"]), []
+        with torch.no_grad():
+            for t in range(8):
+                state = state * torch.as_tensor(~batch["first"][t], dtype=torch.float32)[:, None, None]
+                q, state = net.step({k: torch.as_tensor(v[t]) for k, v in obs.items()}, state)
+                qs.append(q.numpy())
+        return np.stack(qs)
+
+    q, qt = masked_stepped(learner.q), masked_stepped(learner.target)
+    assert np.all(q[mask == 0] == MASKED) and np.all(q[mask == 1] > MASKED / 2)
+    values = np.where(mask.any(-1), qt.max(-1), 0.0) * batch["valid"]  # the best legal action's value
+    target = reference_targets(values, batch["rewards"], batch["discount"], batch["mask"], batch["valid"],
+                               learner.cfg.gamma, 2, 2, 4)
+    q_taken = np.take_along_axis(q, batch["actions"][..., None], -1)[2:6, :, 0]
+    expected_td = (q_taken - target) * batch["mask"][2:6]
+    out = update_once(learner, columns)
+    np.testing.assert_allclose(out["priorities"], sequence_priorities(np.abs(expected_td), batch["mask"][2:6], 0.9),
+                               atol=2e-5)
