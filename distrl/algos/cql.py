@@ -20,14 +20,16 @@ import torch
 from gymnasium import spaces
 from torch.nn import functional as F
 
+from distrl import tree
 from distrl.algos.apex_dqn import DQNLearner, DQNPolicy, QNetwork
 from distrl.algos.common import BoxScaler, nstep_items, spec_problem
 from distrl.algos.offline import OfflineAlgorithm, dataset_trajectory
-from distrl.algos.sac import SACLearner, SACPolicy, TwinQ, build_actor, critic_space, squashed_sample
+from distrl.algos.sac import (SACLearner, SACPolicy, TwinQ, build_actor, build_critic, critic_space, squashed_sample,
+                              vector_spec_problem)
 from distrl.config.fields import f
 from distrl.config.sections import ModelConfig
 from distrl.core import Batch
-from distrl.models import make_ensemble, make_torso
+from distrl.models import make_torso
 
 
 @dataclass
@@ -69,16 +71,17 @@ class DiscreteCQLLearner(DQNLearner):
 
 
 class ContinuousCQLLearner(SACLearner):
-    def critic_penalty(self, obs: torch.Tensor, next_obs: torch.Tensor, q: torch.Tensor):
-        n, k, d = obs.shape[0], self.cfg.num_random, self.act_dim
+    def critic_penalty(self, obs, next_obs, q: torch.Tensor):
+        n, k, d = tree.rows(obs), self.cfg.num_random, self.act_dim
         with torch.no_grad():
-            mean, log_std = self.actor(torch.cat([obs, next_obs]))
+            mean, log_std = self.actor(tree.map(lambda a, b: torch.cat([a, b]), obs, next_obs))
             on = {"device": obs.device}  # the learner's device
             pi, logp = squashed_sample(mean.expand(k, -1, -1), log_std.expand(k, -1, -1), torch.randn(k, 2 * n, d, **on))
             uniform = torch.empty(k, n, d, **on).uniform_(-1.0, 1.0)
             actions = torch.cat([uniform, pi[:, :n], pi[:, n:]])  # (3k, n, d), all scored at s
             log_density = torch.cat([torch.full((k, n), d * math.log(0.5), **on), logp[:, :n], logp[:, n:]])
-        q_sampled = self.critic(obs.repeat(3 * k, 1), actions.reshape(3 * k * n, d)).view(2, 3 * k, n)
+        repeated = tree.map(lambda x: x.repeat(3 * k, *[1] * (x.dim() - 1)), obs)
+        q_sampled = self.critic(repeated, actions.reshape(3 * k * n, d)).view(2, 3 * k, n)
         lse = torch.logsumexp(q_sampled - log_density, dim=1)  # (2, n): each critic's estimate
         gap = (lse - q).mean(dim=1)
         return self.cfg.conservative_weight * gap.sum(), {"cql_gap": gap.detach().mean()}
@@ -116,10 +119,13 @@ class CQL(OfflineAlgorithm):
         self.learner_cls = DiscreteCQLLearner if self.discrete else ContinuousCQLLearner
         self.policy_cls = DiscreteCQLPolicy if self.discrete else ContinuousCQLPolicy
 
+    structured_obs = True  # Discrete actions: the DQN network's multi-input torso and masks; Box: SAC's
+
     @classmethod
     def check_spec(cls, spec) -> str | None:
-        box = isinstance(spec.action_space, spaces.Box)
-        return spec_problem(cls.name, spec, cls.actions, vector_only=box)
+        if isinstance(spec.action_space, spaces.Box):
+            return vector_spec_problem(cls.name, spec, cls.actions)
+        return spec_problem(cls.name, spec, cls.actions, structured=True)
 
     def build_network(self):
         if self.discrete:
@@ -128,10 +134,10 @@ class CQL(OfflineAlgorithm):
         return build_actor(self.spec, self.model)
 
     def build_critic(self) -> TwinQ:
-        return TwinQ(make_ensemble(critic_space(self.spec), self.model, copies=2))
+        return build_critic(self.spec, self.model)
 
     def torso_spaces(self) -> list:
-        return [self.spec.observation_space] + ([] if self.discrete else [critic_space(self.spec)])
+        return [self.spec.observation_space] + ([] if self.discrete else [critic_space(self.spec, self.model)])
 
     def dataset_items(self, steps) -> Batch:
         items, _ = nstep_items(dataset_trajectory(steps), self.cfg.gamma, self.cfg.n_step)

@@ -20,13 +20,15 @@ from gymnasium import spaces
 from torch import nn
 from torch.nn import functional as F
 
+from distrl import tree
 from distrl.algos.capture import GraphedStep, capturable
 from distrl.algos.common import (HALF_LOG_2PI, BoxScaler, NetworkAlgorithm, NetworkPolicy, adam, as_tensors,
-                                 guarded_step, load_optimizer_state, nstep_items, step_report)
+                                 guarded_step, load_optimizer_state, nstep_items, spec_problem, step_report)
 from distrl.config.fields import f
 from distrl.config.sections import ModelConfig
 from distrl.core import Batch, Learner, Trajectory
 from distrl.models import StackedLinear, make_ensemble, make_torso
+from distrl.models.multi_input import VectorLeaves, image_leaf
 from distrl.sampling import SquashedGaussian
 
 
@@ -96,15 +98,17 @@ class Actor(nn.Module):
 
 class TwinQ(nn.Module):
     """Both critics over (obs, action): two stacked copies of the torso (one batched matmul per layer for
-    an MLP) and a stacked linear head. (B, ...) -> (2, B) Q-values."""
+    an MLP) and a stacked linear head. (B, ...) -> (2, B) Q-values. `flat`: a structured observation's
+    leaves as one vector (`VectorLeaves`), None for a Box one."""
 
-    def __init__(self, torso: nn.Module):
+    def __init__(self, torso: nn.Module, flat: nn.Module | None = None):
         super().__init__()
-        self.torso = torso
+        self.torso, self.flat = torso, flat
         self.head = StackedLinear(2, torso.out_features, 1)
 
-    def forward(self, obs: torch.Tensor, actions: torch.Tensor, detach_params: bool = False) -> torch.Tensor:
+    def forward(self, obs, actions: torch.Tensor, detach_params: bool = False) -> torch.Tensor:
         """`detach_params` lets gradients reach only the inputs (the actor loss)."""
+        obs = obs if self.flat is None else self.flat(obs)
         x = torch.cat([obs.flatten(1).to(actions.dtype), actions], dim=-1)
         return self.head(self.torso(x, detach_params), detach_params).squeeze(-1)
 
@@ -147,10 +151,10 @@ class SACLearner(Learner):
         Algorithm 1, so one backward pass serves them all.
         """
         obs, next_obs, actions = t["obs"], t["next_obs"], t["actions"]
-        n = obs.shape[0]
+        n = tree.rows(obs)
         alpha = self.log_alpha.detach().exp()
         # One actor forward for obs (actor loss) and next_obs (target): half the launches.
-        mean, log_std = self.actor(torch.cat([obs, next_obs]))
+        mean, log_std = self.actor(tree.map(lambda a, b: torch.cat([a, b]), obs, next_obs))
         pi, log_pi = squashed_sample(mean, log_std, torch.randn_like(mean))
 
         with torch.no_grad():
@@ -178,7 +182,7 @@ class SACLearner(Learner):
                               **penalty_stats),
                 "priorities": td.detach().abs().mean(0)}
 
-    def critic_penalty(self, obs: torch.Tensor, next_obs: torch.Tensor, q: torch.Tensor):
+    def critic_penalty(self, obs, next_obs, q: torch.Tensor):
         """A term added to the critics' loss, and its stats: none for SAC (CQL adds its conservative gap)."""
         return 0.0, {}
 
@@ -249,23 +253,46 @@ class SAC(NetworkAlgorithm):
     model_defaults = {"hidden": [256, 256]}
     actions = ("box",)
     vector_only = True
+    structured_obs = True  # of vector leaves: the critics take them as one vector
     learner_cls, policy_cls = SACLearner, SACPolicy
+
+    @classmethod
+    def check_spec(cls, spec) -> str | None:
+        return vector_spec_problem(cls.name, spec, cls.actions)
 
     def build_network(self) -> Actor:
         return build_actor(self.spec, self.model)
 
     def build_critic(self) -> TwinQ:
-        return TwinQ(make_ensemble(critic_space(self.spec), self.model, copies=2))
+        return build_critic(self.spec, self.model)
 
     def torso_spaces(self) -> list:
-        return [self.spec.observation_space, critic_space(self.spec)]
+        return [self.spec.observation_space, critic_space(self.spec, self.model)]
+
+
+def vector_spec_problem(name: str, spec, actions: tuple[str, ...]) -> str | None:
+    """Why `name` (an actor and critics over vectors) cannot run on `spec`, or None: a flat Box observation,
+    or a structured one of vector leaves."""
+    problem = spec_problem(name, spec, actions, vector_only=True, structured=True)
+    image = image_leaf(spec.observation_space) if tree.is_structured(spec.observation_space) else None
+    if problem is None and image is not None:
+        problem = (f"{name} takes vector observations only (no image torsos), the env's leaf {image!r} is "
+                   f"{dict(tree.leaf_spaces(spec.observation_space))[image]}")
+    return problem
 
 
 def build_actor(spec, model) -> Actor:
     return Actor(make_torso(spec.observation_space, model), int(np.prod(spec.action_space.shape)))
 
 
-def critic_space(spec) -> spaces.Box:
-    """What the critics' torsos see: the flat observation and the normalised action, side by side."""
-    dims = int(np.prod(spec.observation_space.shape)) + int(np.prod(spec.action_space.shape))
-    return spaces.Box(-np.inf, np.inf, (dims,), np.float32)
+def build_critic(spec, model) -> TwinQ:
+    flat = VectorLeaves(spec.observation_space, model) if tree.is_structured(spec.observation_space) else None
+    return TwinQ(make_ensemble(critic_space(spec, model), model, copies=2), flat)
+
+
+def critic_space(spec, model) -> spaces.Box:
+    """What the critics' torsos see: the flat observation (a structured one's leaves as one vector) and the
+    normalised action, side by side."""
+    obs = spec.observation_space
+    width = VectorLeaves(obs, model).out_features if tree.is_structured(obs) else int(np.prod(obs.shape))
+    return spaces.Box(-np.inf, np.inf, (width + int(np.prod(spec.action_space.shape)),), np.float32)

@@ -1,12 +1,12 @@
 """Environments for tests: faults (FlakyCartPole-v1, NaNCartPole-v1, HugeRewardCartPole-v1), one paced by
-the clock (WaitingCartPole-v1) and one with a Dict observation (DictCartPole-v1). Use as env.id
-"distrl.envs.testing:<name>"."""
+the clock (WaitingCartPole-v1) and two with a Dict observation (DictCartPole-v1, DictPendulum-v1). Use
+as env.id "distrl.envs.testing:<name>"."""
 from __future__ import annotations
 
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
-from gymnasium.envs.classic_control import CartPoleEnv
+from gymnasium.envs.classic_control import CartPoleEnv, PendulumEnv
 
 
 class SeededFaults(CartPoleEnv):
@@ -128,3 +128,26 @@ class DictCartPole(CartPoleEnv):
 
 if "DictCartPole-v1" not in gym.envs.registry:
     gym.register("DictCartPole-v1", entry_point=DictCartPole, max_episode_steps=500, reward_threshold=475.0)
+
+
+class DictPendulum(PendulumEnv):
+    """Pendulum whose observation is a Dict: `angle` (cos, sin) and `velocity`, Pendulum's own vector in
+    two leaves whose concatenation in key order is that vector."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        high = self.observation_space.high
+        self.observation_space = spaces.Dict({"angle": spaces.Box(-high[:2], high[:2], dtype=np.float32),
+                                              "velocity": spaces.Box(-high[2:], high[2:], dtype=np.float32)})
+
+    def reset(self, *, seed: int | None = None, options=None):
+        obs, info = super().reset(seed=seed, options=options)
+        return {"angle": obs[:2], "velocity": obs[2:]}, info
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        return {"angle": obs[:2], "velocity": obs[2:]}, reward, terminated, truncated, info
+
+
+if "DictPendulum-v1" not in gym.envs.registry:
+    gym.register("DictPendulum-v1", entry_point=DictPendulum, max_episode_steps=200)

@@ -101,3 +101,27 @@ class MultiInputTorso(nn.Module):
     def forward(self, obs) -> torch.Tensor:
         leaves = [x for n, x in tree.named_leaves(obs) if n != tree.MASK_KEY]
         return self.layers(torch.cat([e(x) for e, x in zip(self.encoders, leaves)], dim=1))
+
+
+class VectorLeaves(nn.Module):
+    """A structured observation of vector leaves -> (B, width): each leaf's entries or one-hot codes (the
+    encoders above that have no parameters), concatenated: the one flat input of a network built for a
+    vector, such as SAC's critics. The action mask is no input."""
+
+    def __init__(self, space, model):
+        super().__init__()
+        named = [(n, s) for n, s in tree.leaf_spaces(space) if n != tree.MASK_KEY]
+        image = image_leaf(space)
+        if image is not None:
+            raise ValueError(f"leaf {image!r} is an image: these networks take vector leaves only")
+        self.encoders = nn.ModuleList(leaf_encoder(n, s, model, "auto") for n, s in named)
+        self.out_features = int(sum(e.out_features for e in self.encoders))
+
+    def forward(self, obs) -> torch.Tensor:
+        leaves = [x for n, x in tree.named_leaves(obs) if n != tree.MASK_KEY]
+        return torch.cat([e(x) for e, x in zip(self.encoders, leaves)], dim=1)
+
+
+def image_leaf(space) -> str | None:
+    """The name of a structured observation's first image leaf, or None."""
+    return next((n for n, s in tree.leaf_spaces(space) if is_image(s)), None)

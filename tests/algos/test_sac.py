@@ -276,3 +276,40 @@ def test_get_weights_is_actor_only_and_loads_into_policy():
     policy = algo.make_policy(0, 1, 0)
     policy.set_weights(weights, 5)
     assert policy.version == 5
+
+
+DICT_PENDULUM = EnvSpec(gym.spaces.Dict({"angle": gym.spaces.Box(-1.0, 1.0, (2,), np.float32),
+                                         "velocity": gym.spaces.Box(-8.0, 8.0, (1,), np.float32)}),
+                        PENDULUM.action_space)
+
+
+def test_a_dict_of_vector_leaves_learns_as_their_concatenation_does():
+    """Dict{angle, velocity}: the actor's multi-input torso and the critics' one vector of the leaves (in
+    key order: Pendulum's own vector) give, from the same parameters and noise, the update of the flat
+    observation."""
+    flat, structured = _algo().make_learner("cpu"), _algo(DICT_PENDULUM).make_learner("cpu")
+    for a, b in ((flat.actor, structured.actor), (flat.critic, structured.critic),
+                 (flat.critic_target, structured.critic_target)):
+        pa, pb = list(a.parameters()), list(b.parameters())
+        assert [p.shape for p in pa] == [p.shape for p in pb]
+        with torch.no_grad():
+            for x, y in zip(pa, pb):
+                y.copy_(x)
+    batch = _batch(PENDULUM)
+    split = {**batch, **{k: {"angle": batch[k][:, :2], "velocity": batch[k][:, 2:]} for k in ("obs", "next_obs")}}
+    torch.manual_seed(4)
+    want = update_once(flat, batch)
+    torch.manual_seed(4)
+    got = update_once(structured, split)
+    for key in ("loss_critic", "loss_actor", "loss_alpha", "q_mean", "entropy"):
+        assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), key
+    for x, y in zip(flat.actor.parameters(), structured.actor.parameters()):
+        torch.testing.assert_close(x, y)
+
+
+def test_a_structured_observation_with_an_image_leaf_is_refused_naming_it():
+    spec = EnvSpec(gym.spaces.Dict({"pos": gym.spaces.Box(-1, 1, (2,), np.float32),
+                                    "camera": gym.spaces.Box(0, 255, (8, 8, 3), np.uint8)}), PENDULUM.action_space)
+    assert "vector observations only (no image torsos), the env's leaf 'camera' is Box(0, 255, (8, 8, 3)" in \
+        SAC.check_spec(spec)
+    assert SAC.check_spec(DICT_PENDULUM) is None

@@ -22,11 +22,15 @@ CASES = [  # (config, mode, extra overrides)
     ("ppo_cartpole", "single", []), ("a3c_cartpole", "single", []),
     ("a3c_cartpole", "async", ["a3c.max_staleness=0"]),
     ("sac_pendulum", "async", ["replay.samples_per_insert=32", "replay.min_size=500"]),
+    # a Dict observation of vector leaves through the replay server, the learner and the evaluator
+    ("sac_pendulum", "async", ["replay.samples_per_insert=32", "replay.min_size=500",
+                               "env.id=distrl.envs.testing:DictPendulum-v1"]),
     ("r2d2_position_only_cartpole", "async", ["replay.min_size=50"]), ("dhc_mapf_8x8", "async", ["replay.min_size=50"]),
 ]
 
 
-@pytest.mark.parametrize("config, mode, extra", CASES, ids=[f"{c}-{m}" for c, m, _ in CASES])
+@pytest.mark.parametrize("config, mode, extra", CASES,
+                         ids=[f"{c}-{m}" + ("-dict" if any("Dict" in e for e in x) else "") for c, m, x in CASES])
 def test_algorithm_mode_end_to_end(request, tmp_path, config, mode, extra):
     if mode != "single":
         request.getfixturevalue("ray_session")
