@@ -8,16 +8,28 @@ import time
 import numpy as np
 from gymnasium import spaces
 
+from distrl import tree
 from distrl.checkpoint import CheckpointError, load_weights, save_json, save_weights
 from distrl.core import Policy, Weights
 from distrl.observe.trace import tracer
 from distrl.registry import algorithm
 from distrl.roles.factory import acting_policy, make_vector_env
+from distrl.sampling import MASKED, Factors, factored_act
 
 EVAL_SEED_OFFSET = 10_000
 
 
-def random_actions(space, rows: int, rng: np.random.Generator) -> np.ndarray:
+def random_actions(space, rows: int, rng: np.random.Generator, mask: np.ndarray | None = None) -> np.ndarray:
+    """Uniform random actions of `space`; with an action `mask` (rows, entries; 1 = legal) uniform among the
+    legal ones: the argmax of uniform noise with the illegal entries' at MASKED, per factor for a
+    MultiDiscrete or MultiBinary (its mask one factor's entries after another)."""
+    if mask is not None and not isinstance(space, spaces.Box):
+        noise = np.where(np.asarray(mask).reshape(rows, -1) != 0, rng.random((rows, np.size(mask) // rows)), MASKED)
+        if isinstance(space, spaces.Discrete):
+            return space.start + noise.argmax(axis=1)
+        factors = Factors(space.nvec if isinstance(space, spaces.MultiDiscrete) else np.full(space.shape, 2),
+                          getattr(space, "start", 0), space.shape, space.dtype)
+        return factors.to_env(factored_act(noise, factors.index, None)[0])
     if isinstance(space, spaces.Discrete):
         return space.start + rng.integers(0, int(space.n), rows)
     if isinstance(space, (spaces.MultiDiscrete, spaces.MultiBinary)):
@@ -28,13 +40,15 @@ def random_actions(space, rows: int, rng: np.random.Generator) -> np.ndarray:
     return rng.uniform(low, high, (rows, *space.shape)).astype(space.dtype)
 
 
-def with_random_actions(actions: np.ndarray, epsilon: float, space, rng: np.random.Generator) -> np.ndarray:
-    """`actions` with each row replaced by a uniform random action of `space` with probability `epsilon`."""
+def with_random_actions(actions: np.ndarray, epsilon: float, space, rng: np.random.Generator,
+                        mask: np.ndarray | None = None) -> np.ndarray:
+    """`actions` with each row replaced by a uniform random action of `space` (a legal one, with the
+    observations' `mask`) with probability `epsilon`."""
     if epsilon <= 0.0:
         return actions
     rows = len(actions)
     swap = rng.random(rows) < epsilon
-    return np.where(swap.reshape(-1, *[1] * (np.ndim(actions) - 1)), random_actions(space, rows, rng), actions)
+    return np.where(swap.reshape(-1, *[1] * (np.ndim(actions) - 1)), random_actions(space, rows, rng, mask), actions)
 
 
 def play_greedy(policy: Policy, env_id: str, episodes: int, seed: int, env_kwargs: dict | None = None,
@@ -57,7 +71,7 @@ def play_greedy(policy: Policy, env_id: str, episodes: int, seed: int, env_kwarg
     try:
         for _ in range(max_steps):
             actions, _ = policy.act(envs.obs, explore=False)
-            actions = with_random_actions(actions, epsilon, envs.action_space, rng)
+            actions = with_random_actions(actions, epsilon, envs.action_space, rng, tree.mask_of(envs.obs))
             # Finished envs keep stepping (auto-reset) but only the first episode counts;
             # an episode cut short by an env exception doesn't count and is played again.
             _, rewards, term, trunc, _ = envs.step(actions)

@@ -6,6 +6,7 @@ import numpy as np
 from distrl.core import Policy
 from distrl.data.datasets import Episode
 from distrl.data.recorder import EpisodeRecorder
+from distrl import tree
 from distrl.roles.evaluation import with_random_actions
 from distrl.roles.factory import make_vector_env
 
@@ -31,7 +32,7 @@ def play_episodes(policy: Policy, env_cfg, episodes: int, seed: int, epsilon: fl
     try:
         while (got < want).any():
             actions, _ = policy.act(envs.obs, explore=explore)
-            actions = with_random_actions(actions, epsilon, envs.action_space, rng)
+            actions = with_random_actions(actions, epsilon, envs.action_space, rng, tree.mask_of(envs.obs))
             nxt, rewards, term, trunc, _ = envs.step(actions)
             policy.episodes_ended(term | trunc)
             ended = np.flatnonzero(term | trunc)

@@ -80,6 +80,23 @@ def test_eval_epsilon_replaces_a_share_of_the_greedy_actions_with_uniform_random
     assert 0.16 < (mixed != 0).mean() < 0.22  # 1/4 swapped, 3/4 of those to another action
 
 
+def test_eval_epsilon_s_random_actions_are_legal_ones_where_the_observation_has_a_mask():
+    from gymnasium import spaces
+
+    from distrl.roles.evaluation import with_random_actions
+
+    rng = np.random.default_rng(1)
+    mask = (rng.random((3000, 5)) < 0.4).astype(np.int8)
+    mask[:, 4] = 1
+    got = with_random_actions(np.full(3000, 4), 1.0, spaces.Discrete(5), rng, mask)
+    assert mask[np.arange(3000), got].all()
+    assert np.unique(got[mask[:, 0] == 1]).tolist() == [0, 1, 2, 3, 4]  # uniform among the legal: each drawn
+    # MultiDiscrete([3, 2]): the mask is factor 0's 3 entries then factor 1's 2; factor 1 may only take 1
+    factored = np.tile(np.array([1, 0, 1, 0, 1], np.int8), (2000, 1))
+    got = with_random_actions(np.zeros((2000, 2), np.int64), 1.0, spaces.MultiDiscrete([3, 2]), rng, factored)
+    assert set(got[:, 0].tolist()) == {0, 2} and set(got[:, 1].tolist()) == {1}
+
+
 def test_an_evaluation_with_eval_epsilon_one_plays_uniform_random_actions():
     """Zero weights: every Q-value ties, so greedy CartPole pushes one way and falls in ~10 steps; uniform
     random actions keep it up about twice as long."""
