@@ -11,14 +11,15 @@ import numpy as np
 from gymnasium import spaces
 
 
-class ResizeImage(gym.ObservationWrapper):
+class ResizeImage(gym.ObservationWrapper, gym.utils.RecordConstructorArgs):
     """Frames of shape (H, W, C) uint8 resized to `shape` (height, width) by pixel-area averaging (what
     keeps thin sprites visible when shrinking), gray (one channel, ITU-R 601 luma) when `grayscale`.
     `key` names the Dict leaf that holds the frame; None: the observation is the frame."""
 
     def __init__(self, env: gym.Env, shape: list[int] | tuple[int, int], grayscale: bool = False,
                  key: str | None = None):
-        super().__init__(env)
+        gym.utils.RecordConstructorArgs.__init__(self, shape=shape, grayscale=grayscale, key=key)
+        gym.ObservationWrapper.__init__(self, env)
         if len(shape) != 2 or not all(isinstance(n, int) and n > 0 for n in shape):
             raise ValueError(f"shape must be [height, width] in positive pixels, got {shape!r}")
         self.size, self.grayscale, self.key = (int(shape[1]), int(shape[0])), grayscale, key
