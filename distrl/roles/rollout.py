@@ -30,6 +30,10 @@ class Rollout:
         self.normalization = getattr(envs, "normalization", None)  # env.normalize: the envs' shared one
         self.statistics_version = None  # the policy version whose statistics the envs normalize with
 
+    def close(self) -> None:
+        """Close the envs: a simulator running in a process of its own (VizDoom's game) ends with them."""
+        self.envs.close()
+
     def get_state(self) -> dict:
         """Exploration and RNG state (JSON-exact). Env internals are not captured: on
         restore every env starts a fresh episode from its restored RNG. Workers act in numpy:

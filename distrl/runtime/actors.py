@@ -200,6 +200,10 @@ class RolloutWorker(Traced):
     def set_state(self, state: dict) -> None:
         self.rollout.set_state(state)
 
+    def close(self) -> None:
+        """Close the envs before the actor is killed: a game in a process of its own would outlive it."""
+        self.rollout.close()
+
 
 class RayIO(LearnerIO):
     """The Learner actor's data path: blocks from the ReplayServer, weights to the ParameterServer."""

@@ -176,4 +176,6 @@ class LocalRoles(Roles):
     def close(self) -> None:
         if self.server is not None:
             self.server.close()
+        if self.rollout is not None:
+            self.rollout.close()
         self.evaluator.close()

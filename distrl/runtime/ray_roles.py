@@ -30,7 +30,7 @@ from distrl.runtime.deaths import ActorTable, keep_ray_text_off_the_console
 from distrl.runtime.faultlog import FaultLog
 from distrl.runtime.ray_start import start_roles
 from distrl.runtime.ray_startup import wait_for_started
-from distrl.runtime.ray_setup import ACTOR_GONE, init_ray, user_modules
+from distrl.runtime.ray_setup import ACTOR_GONE, init_ray, settle, user_modules
 from distrl.runtime.ray_eval import EvalCalls
 from distrl.runtime.ray_traces import ActorTraces
 from distrl.runtime.watch import end_silent
@@ -375,13 +375,7 @@ class RayRoles(Roles):
         """Read the outcome of learner calls still in flight (a run that ended on a fault), waiting a moment,
         so that Ray does not print one that failed as an unhandled error: a learner call fails once a hung
         replay server it waits on is ended."""
-        refs = list(getattr(self, "train_calls", {}))
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=1.0) if refs else ([], [])
-        for ref in ready:
-            try:
-                ray.get(ref)
-            except (*ACTOR_GONE, RayTaskError):
-                pass
+        settle(list(getattr(self, "train_calls", {})), 1.0)
 
     def actors(self) -> list:
         roles = (self.learner, self.evaluator, self.replay, self.ps)
@@ -392,9 +386,12 @@ class RayRoles(Roles):
             self.beats.close()
         self._settle_calls()
         self.table.close()
+        # A simulator in a process of its own (VizDoom's game) outlives a killed actor: workers close envs first.
+        settle([worker.close.remote() for worker in self.workers], 2.0)
         for actor in self.actors():
             ray.kill(actor)
         keep_ray_text_off_the_console(None)
         for group in (self.group, getattr(self, "worker_group", None)):  # _start may have failed before either
             if group is not None:
                 remove_placement_group(group)
+

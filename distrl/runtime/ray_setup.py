@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import ray
-from ray.exceptions import ActorUnavailableError, AuthenticationError, GetTimeoutError, RayActorError
+from ray.exceptions import ActorUnavailableError, AuthenticationError, GetTimeoutError, RayActorError, RayTaskError
 
 from distrl.config import ConfigError
 from distrl.core import RoleLost
@@ -353,3 +353,14 @@ class HeapTrimmer:
         if self._trim is not None and time.monotonic() - self.last >= self.interval_s:
             self._trim(0)
             self.last = time.monotonic()
+
+
+def settle(refs: list, timeout_s: float) -> None:
+    """Wait at most `timeout_s` for `refs`, reading the outcome of those done (a gone actor's error ignored,
+    so Ray prints no unhandled one)."""
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s) if refs else ([], [])
+    for ref in ready:
+        try:
+            ray.get(ref)
+        except (*ACTOR_GONE, RayTaskError):
+            pass

@@ -77,3 +77,39 @@ def test_a_wrong_key_in_the_config_is_one_line_naming_the_wrapper(tmp_path, monk
         check_env("vizdoom.gymnasium_wrapper:VizdoomBasic-v1", wrappers=[{WRAPPER: {"shape": [60, 80], "key": "image"}}])
     assert str(e.value).startswith("config key 'env.wrappers[0]': ResizeImage(")
     assert "key 'image' is no leaf of the observation (its keys: gamevariables, screen)" in str(e.value)
+
+
+def games_in(directory: str) -> list[int]:
+    """The pids of VizDoom game processes running in `directory` (Linux's /proc)."""
+    import os
+
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/comm") as fh:
+                if fh.read().strip() == "vizdoom" and os.readlink(f"/proc/{pid}/cwd") == directory:
+                    out.append(int(pid))
+        except OSError:  # gone meanwhile, or not ours to read
+            pass
+    return out
+
+
+def test_a_vizdoom_run_leaves_no_game_process_behind(tmp_path, monkeypatch):
+    """A DoomGame runs in a process of its own, which outlives the one that made it unless the env is
+    closed: a single-mode PPO run on VizDoom Basic closes its workers' and evaluator's envs at its end."""
+    import os
+    import time
+
+    from distrl import train
+
+    monkeypatch.chdir(tmp_path)
+    cfg = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs",
+                       "ppo_vizdoom_basic.yaml")
+    summary = train(cfg, run_dir=str(tmp_path / "run"), overrides=[
+        "env.num_envs=2", "rollout.fragment_length=32", "stop.max_env_steps=256", "eval.episodes=2",
+        "eval.interval_s=1", "log.progress=false", "log.tensorboard=false"])
+    assert summary["env_steps"] >= 256 and summary["evaluations"] >= 1
+    deadline = time.time() + 5  # a closed game takes a moment to exit
+    while games_in(str(tmp_path)) and time.time() < deadline:
+        time.sleep(0.1)
+    assert games_in(str(tmp_path)) == []
