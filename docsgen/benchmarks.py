@@ -89,6 +89,8 @@ def headline_rows() -> list[tuple[str, str, str, str]]:
          f"{hour['env_steps'] / 1e3:,.0f}k agent steps (4 frames each: {hour['env_steps'] * 4 / 1e6:.2f}M frames)", "",
          "atari_breakout_60min"),
         _minigrid_row(),
+        ("PPO on VizDoom Basic (Dict: screen + ammo, 75)",
+         _solved(solve_median("solve_ppo_vizdoom_basic.json")), "", "solve_ppo_vizdoom_basic"),
         _taxi_ppo_row(),
         ("Ape-X DQN on Taxi-v4 with its action mask (7.0)",
          f"{_solved(solve_median('solve_apex_dqn_taxi_masked.json'))}; "
