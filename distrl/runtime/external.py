@@ -42,6 +42,11 @@ class ExternalServer(Traced):
         frag = self.server.take(WAIT_S)
         return frag.info, None if frag.data is None else (frag.data, frag.priorities, frag.info.fragment_id)
 
+    def close(self) -> None:
+        """A worker's `close` before the actor is killed: the server stops listening and ends its sessions, so
+        its simulators see the connection closed rather than a dead peer."""
+        self.server.close()
+
     def get_state(self) -> dict:
         return {}
 
