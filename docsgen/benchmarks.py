@@ -68,8 +68,10 @@ def headline_rows() -> list[tuple[str, str, str, str]]:
          "solve_ppo_cartpole_vs_53bd0a7, sb3_cartpole, sb3_cartpole_same"),
         ("Ape-X DQN reaches 10 on MinAtar Breakout", _solved(apex_minatar),
          f"Stable-Baselines3 DQN, MinAtar's DQN settings: {sb3_dqn['sb3']['solved']}/{sb3_dqn['sb3']['runs']} seeds within "
-         f"{_s(load('sb3_minatar.json')['budget_s'])}, ≥ {sb3_dqn['ratio_unsolved_as_budget']:.2f}× distrl's time",
-         "solve_apex_dqn_minatar_breakout, sb3_minatar"),
+         f"{_s(load('sb3_minatar.json')['budget_s'])}, ≥ {sb3_dqn['ratio_unsolved_as_budget']:.2f}× distrl's time; "
+         f"distrl's settings on both sides (neither with prioritized replay, double or dueling Q): "
+         f"{_sb3_against(load('sb3_minatar_same.json')['summary'], load('sb3_minatar_same.json')['budget_s'])}",
+         "solve_apex_dqn_minatar_breakout, sb3_minatar, sb3_minatar_same"),
         ("PPO reaches 10 on MinAtar Breakout", _solved(ppo_minatar), "", "solve_ppo_minatar_breakout"),
         ("Atari Breakout PPO training, agent steps/s", f"{atari['best_agent_steps_per_s']['distrl']:.0f}",
          f"Sample Factory, its Atari settings on both sides: {atari['best_agent_steps_per_s']['sample-factory']:.0f} (distrl "
@@ -96,7 +98,7 @@ def headline_rows() -> list[tuple[str, str, str, str]]:
          f"{_solved(solve_median('solve_apex_dqn_taxi_masked.json'))}; "
          f"{_unmasked(solve_median('solve_apex_dqn_taxi_unmasked.json'))}", "",
          "solve_apex_dqn_taxi_masked, solve_apex_dqn_taxi_unmasked"),
-        _sb3_mujoco_row("sac_halfcheetah", "SAC reaches 5,000 on HalfCheetah-v5"),
+        _sb3_mujoco_row("sac_halfcheetah", "SAC reaches 5,000 on HalfCheetah-v5", same="sac_halfcheetah_same"),
         _sb3_mujoco_row("ppo_hopper", "PPO reaches 2,000 on Hopper-v5 (normalized)", same="ppo_hopper_same"),
         (f"{soak['minutes']:.0f} minutes of an async run, its learner and parameter server killed",
          f"every role's memory within {growth:.1f}% of its size after warm-up; {kept}", "", "soak"),

@@ -202,12 +202,13 @@ def compare(module: str, config: str, argv_extra: dict[str, dict], child_extra, 
         runs += [{**r, "copied_from": os.path.relpath(args.ours_from, ROOT)} for r in src["runs"]
                  if r["side"] == "distrl" and r["seed"] in args.seeds]
 
-    commit = hardware()["commit"]
+    commit, cpu = hardware()["commit"], hardware()["cpu"]
     overrides = ours_overrides(args)
 
     def save():
-        if runs:
+        if runs:  # per run: a file's seeds may come from several sessions' machines
             runs[-1].setdefault("commit", commit)
+            runs[-1].setdefault("cpu", cpu)
             print(json.dumps({k: v for k, v in runs[-1].items() if k != "eval_curve"}), flush=True)
         results = {"hardware": hardware(), "config": config, "env": cfg.env.id, "budget_s": budget,
                    "target_return": cfg.eval.target_return, "sb3_settings": {**record(args), "torch_threads": 1},
