@@ -1,6 +1,6 @@
 """Stable-Baselines3 PPO against distrl's PPO on MiniGrid-DoorKey-5x5-v0, same criterion, same clock.
 
-    python -m bench.peers.sb3_minigrid [--policy flat|multi-input|flat-uint8] [--seeds 0 1 2] [--budget-s 600]
+    python -m bench.peers.sb3_minigrid [--policy flat|multi-input|flat-uint8|same] [--seeds 0 1 2] [--budget-s 600]
                                        [--no-ours | --no-sb3] [--lock LOCK] [--out PATH]
 
 Per seed, each a fresh process (`bench/peers/sb3_runs.py` runs and times both sides, alternating):
@@ -34,10 +34,19 @@ distrl's config: 16 envs x 128 steps, 10 epochs of 8 minibatches (256 each), Ada
 GAE lambda 0.95, no entropy bonus, no observation or reward normalization, 64x64 tanh torsos (unshared).
 `--ours-from bench/results/sb3_minigrid.json` (sb3_runs' option) compares another row against the flat
 row's distrl runs without re-running them.
-JSON: bench/results/sb3_minigrid.json (flat), sb3_minigrid_multi_input.json, sb3_minigrid_flat_uint8.json.
+
+`--policy same`: distrl's settings on both sides, the frameworks compared. SB3's PPO reads them from the
+config: its envs, rollout length, epochs, minibatch size (a rollout over the config's minibatches), Adam's
+learning rate, gamma, GAE lambda, entropy, clip, max_grad_norm, vf_coef; MultiInputPolicy on the same Dict
+(image and direction), the image's codes as they are (SB3 flattens a Box that is not an image without
+scaling it, as distrl's `codes` encoder does), the direction one-hot on both sides, separate 64x64 tanh
+actor and critic (distrl's network), no VecNormalize (distrl's config normalizes nothing).
+JSON: bench/results/sb3_minigrid.json (flat), sb3_minigrid_multi_input.json, sb3_minigrid_flat_uint8.json,
+sb3_minigrid_same.json.
 """
 from __future__ import annotations
 
+import os
 import time
 
 START = time.time()  # the child's clock: before any import, as distrl's cli starts its own
@@ -50,9 +59,11 @@ N_ENVS = 8
 HYPERPARAMETERS = dict(n_steps=128, batch_size=64, n_epochs=10, gamma=0.99, gae_lambda=0.95, learning_rate=2.5e-4,
                        clip_range=0.2, ent_coef=0.0)
 TOTAL_TIMESTEPS = 10**9  # never reached within the budget
-POLICIES = {"flat": "MlpPolicy", "multi-input": "MultiInputPolicy", "flat-uint8": "MlpPolicy"}
+POLICIES = {"flat": "MlpPolicy", "multi-input": "MultiInputPolicy", "flat-uint8": "MlpPolicy",
+            "same": "MultiInputPolicy"}
 OBSERVATIONS = {"flat": "minigrid FlatObsWrapper, float32", "multi-input": "Dict image (float32) + direction",
-                "flat-uint8": "minigrid FlatObsWrapper, uint8 as it comes"}
+                "flat-uint8": "minigrid FlatObsWrapper, uint8 as it comes",
+                "same": "Dict image (float32 codes, not normalized) + direction"}
 OPTIONS = {"--policy": dict(choices=sorted(POLICIES), default="flat",
                             help="flat: rl-zoo's FlatObsWrapper (float32) and MlpPolicy; multi-input: the Dict "
                                  "observation; flat-uint8: FlatObsWrapper's uint8 kept")}
@@ -80,7 +91,23 @@ def make_env_fn(policy: str):
         space = spaces.Dict({**env.observation_space.spaces, "image": spaces.Box(0.0, 255.0, image.shape, np.float32)})
         return gym.wrappers.TransformObservation(env, lambda o: {**o, "image": o["image"].astype(np.float32)}, space)
 
-    return {"flat": flat, "multi-input": multi_input, "flat-uint8": lambda: flat(cast=False)}[policy]
+    return {"flat": flat, "multi-input": multi_input, "flat-uint8": lambda: flat(cast=False),
+            "same": multi_input}[policy]
+
+
+def same_settings() -> tuple[int, dict]:
+    """(envs, SB3 PPO's keyword arguments) of distrl's config: `--policy same`."""
+    from bench.common import ROOT
+    from distrl.config import load_config
+
+    cfg = load_config(os.path.join(ROOT, CONFIG))
+    ppo, envs, steps = cfg.algo_config, cfg.env.num_envs, cfg.rollout.fragment_length
+    assert cfg.model.activation == "tanh" and cfg.model.hidden == [64, 64] and not ppo.shared_torso, \
+        "the same-settings row assumes distrl's 64x64 tanh, unshared actor and critic"
+    return envs, dict(n_steps=steps, batch_size=envs * steps // ppo.minibatches, n_epochs=ppo.epochs,
+                      learning_rate=ppo.lr, gamma=ppo.gamma, gae_lambda=ppo.gae_lambda, ent_coef=ppo.ent_coef,
+                      clip_range=ppo.clip, max_grad_norm=ppo.grad_clip, vf_coef=ppo.vf_coef,
+                      normalize_advantage=ppo.normalize_advantages)
 
 
 def child(args) -> None:
@@ -92,6 +119,12 @@ def child(args) -> None:
 
     torch.set_num_threads(1)
     make_env = make_env_fn(args.policy)
+    if args.policy == "same":
+        n_envs, hyperparameters = same_settings()
+        envs = make_vec_env(make_env, n_envs=n_envs, seed=args.seed)
+        model = PPO("MultiInputPolicy", envs, **hyperparameters, seed=args.seed, device="cpu", verbose=0)
+        run_child(model, make_env, args, START, TOTAL_TIMESTEPS)
+        return
     keys = {"norm_obs_keys": ["image"]} if args.policy == "multi-input" else {}
     envs = VecNormalize(make_vec_env(make_env, n_envs=N_ENVS, seed=args.seed), gamma=HYPERPARAMETERS["gamma"], **keys)
     model = PPO(POLICIES[args.policy], envs, **HYPERPARAMETERS, seed=args.seed, device="cpu", verbose=0)
@@ -99,6 +132,10 @@ def child(args) -> None:
 
 
 def settings(args) -> dict:
+    if args.policy == "same":
+        n_envs, hyperparameters = same_settings()
+        return {"policy": "MultiInputPolicy", "observation": OBSERVATIONS["same"], "n_envs": n_envs,
+                **hyperparameters, "net_arch": "64x64 tanh, actor and critic apart", "settings": f"distrl's {CONFIG}"}
     return {"policy": POLICIES[args.policy], "observation": OBSERVATIONS[args.policy], "n_envs": N_ENVS, **HYPERPARAMETERS, "VecNormalize": {"gamma": HYPERPARAMETERS["gamma"]},
             "settings": "rl-zoo hyperparams/ppo.yml MiniGrid-DoorKey-5x5-v0"}
 

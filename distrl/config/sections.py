@@ -288,8 +288,9 @@ class ModelConfig:
     channels: str = f("auto", "where an image observation keeps its channels: auto | first (C, H, W) | last "
                       "(H, W, C)", choices=("auto", "first", "last"))
     encoders: dict = f({}, "a structured observation's encoder per leaf, by its key (e.g. {screen: nature}): one of the "
-                       "image torsos for an image leaf (auto: chosen as for a plain image), or flat (its entries, "
-                       "for any Box leaf)")
+                       "image torsos for an image leaf (auto: chosen as for a plain image), flat (its entries, uint8 "
+                       "scaled to [0, 1]) or codes (its entries as they are: a symbolic grid's codes, MiniGrid's) "
+                       "for any Box leaf")
     kwargs: dict = f({}, "settings for your own torso factory (model.torso: module:Factory reads them)")
 
 

@@ -1,8 +1,9 @@
 """The torso of a structured observation (`distrl.tree`): one encoder per leaf, concatenated, then the MLP.
 
 Per leaf, from its space: an image (a Box of rank 3) goes through an image torso (`model.encoders` names
-it by the leaf's key, else chosen as for a plain image; `flat`: its entries, as for a small symbolic grid
-like MiniGrid's); any other Box is flattened (uint8 scaled, bools
+it by the leaf's key, else chosen as for a plain image; `flat`: its entries, uint8 scaled to [0, 1];
+`codes`: its entries as they are, for a small symbolic grid like MiniGrid's, whose object, colour and state
+codes 0-10 would be scaled to 0-0.04); any other Box is flattened (uint8 scaled, bools
 as 0/1); a Discrete is one-hot, a MultiDiscrete one-hot per factor, a MultiBinary its 0/1 entries. The
 features of every leaf, in the tree's order, go through `model.hidden`'s layers. The `action_mask` leaf is
 no input: the heads apply it (`distrl.models.masking`).
@@ -35,11 +36,12 @@ class OneHot(nn.Module):
 
 
 class Flat(nn.Module):
-    """A vector (or any Box that is no image, or a MultiBinary) leaf -> its entries as float features."""
+    """A vector (or any Box that is no image, or a MultiBinary) leaf -> its entries as float features; `codes`:
+    uint8 entries as they are, not scaled to [0, 1] (a symbolic grid's codes are no intensities)."""
 
-    def __init__(self, space):
+    def __init__(self, space, codes: bool = False):
         super().__init__()
-        self.scale = InputScale(tree.leaf_dtype(space))
+        self.scale = InputScale(np.float32 if codes else tree.leaf_dtype(space))
         self.out_features = int(np.prod(space.shape)) if space.shape else 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -55,12 +57,12 @@ def leaf_encoder(name: str, space, model, auto_image: str) -> nn.Module:
         start = np.broadcast_to(np.asarray(getattr(space, "start", 0)), np.shape(space.nvec)).reshape(-1)
         return OneHot(nvec.tolist(), start.tolist())
     kind = model.encoders.get(name, "auto")
-    if kind == "flat" and isinstance(space, spaces.Box):
-        return Flat(space)
+    if kind in ("flat", "codes") and isinstance(space, spaces.Box):
+        return Flat(space, codes=kind == "codes")
     if is_image(space):
         kind = resolve_kind(space, _Auto(model), auto_image) if kind == "auto" else kind
         problem = torso_problem(space, kind) if kind in IMAGE_TORSOS else \
-            f"an image leaf takes one of {', '.join(IMAGE_TORSOS)} or flat, not {kind!r}"
+            f"an image leaf takes one of {', '.join(IMAGE_TORSOS)}, flat or codes, not {kind!r}"
         if problem:
             raise ValueError(f"model.encoders.{name}: {problem}")
         return image_torso(kind, space, model)

@@ -46,3 +46,15 @@ def test_encoders_that_do_not_fit_are_one_line():
     small = spaces.Dict({"img": spaces.Box(0, 255, (7, 7, 3), np.uint8)})
     with pytest.raises(TorsoError, match="model.encoders.img: nature needs images of at least 36x36"):
         make_torso(small, ModelConfig(encoders={"img": "nature"}))
+
+
+def test_a_symbolic_grid_s_codes_go_in_as_they_are_and_flat_scales_them_as_intensities():
+    grid = spaces.Dict({"image": spaces.Box(0, 255, (2, 2, 3), np.uint8)})
+    obs = {"image": torch.tensor([[[[10, 5, 2], [1, 0, 0]], [[2, 5, 0], [8, 1, 1]]]], dtype=torch.uint8)}
+    codes = make_torso(grid, ModelConfig(hidden=[], encoders={"image": "codes"}))
+    assert codes(obs).tolist() == [[10, 5, 2, 1, 0, 0, 2, 5, 0, 8, 1, 1]]
+    flat = make_torso(grid, ModelConfig(hidden=[], encoders={"image": "flat"}))
+    assert torch.allclose(flat(obs) * 255, codes(obs))
+    with pytest.raises(TorsoError, match="model.encoders.image: an image leaf takes one of .*, flat or codes, not 'pixels'"):
+        make_torso(spaces.Dict({"image": spaces.Box(0, 255, (40, 40, 3), np.uint8)}),
+                   ModelConfig(encoders={"image": "pixels"}))
