@@ -3,8 +3,11 @@ stepped by this process, acting through `distrl.client` (remote or local inferen
 
     python -m bench.external_sim RUN_DIR [--inference local] [--seconds 60] [--seed 0] [--envs 1]
 
-It waits for the run's address file (`Client.from_run_dir`), plays episodes until `--seconds` or `--episodes`, and prints one JSON
-line: steps, episodes, seconds, mean return.
+The env is built as the run builds env.id (`distrl.envs.make_env`: a `module:Class` id, a Dict or Tuple
+observation as a tree of arrays, its action mask as the `action_mask` leaf by `--action-mask`), so what it
+sends is the observation the run's spaces declare. It waits for the run's address file
+(`Client.from_run_dir`), plays episodes until `--seconds` or `--episodes`, and prints one JSON line: steps,
+episodes, seconds, mean return, and the actions it took that its observation's mask forbade.
 """
 from __future__ import annotations
 
@@ -12,20 +15,38 @@ import argparse
 import json
 import time
 
-import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
 
+from distrl import tree
 from distrl.client import Client
+from distrl.envs import make_env
+
+
+def forbidden(obs, action, space) -> bool:
+    """Whether the observation's action mask (if any) forbids `action` (each factor's value, for a
+    MultiDiscrete or MultiBinary one: masks concatenated factor after factor)."""
+    mask = tree.mask_of(obs)
+    if mask is None:
+        return False
+    if isinstance(space, spaces.Discrete):
+        return not mask[int(action)]
+    nvec = np.asarray(getattr(space, "nvec", np.full(space.shape, 2))).reshape(-1)
+    choices = np.asarray(action).reshape(-1) - np.asarray(getattr(space, "start", 0)).reshape(-1)
+    return not mask[np.cumsum(nvec) - nvec + choices].all()
 
 
 def play(client: Client, env, seconds: float, episodes: int, seed: int) -> dict:
-    steps = done = 0
+    steps = done = masked = 0
     returns, start, error = [], time.time(), None
     try:
         while time.time() - start < seconds and done < episodes:
             obs, _ = env.reset(seed=seed + done)
             episode, total = client.start_episode(), 0.0
             while True:
-                obs, reward, terminated, truncated, _ = env.step(client.get_action(episode, obs))
+                action = client.get_action(episode, obs)
+                masked += forbidden(obs, action, env.action_space)
+                obs, reward, terminated, truncated, _ = env.step(action)
                 client.log_returns(episode, reward)
                 steps, total = steps + 1, total + reward
                 if terminated or truncated:
@@ -36,20 +57,22 @@ def play(client: Client, env, seconds: float, episodes: int, seed: int) -> dict:
     except ConnectionError as e:  # the run ended (its server went away for good)
         error = str(e)
     return {"steps": steps, "episodes": done, "seconds": round(time.time() - start, 3),
-            "return_mean": sum(returns[-20:]) / max(1, len(returns[-20:])), "error": error}
+            "return_mean": sum(returns[-20:]) / max(1, len(returns[-20:])), "masked_actions": masked,
+            "error": error}
 
 
 def play_many(client: Client, envs: list, seconds: float, seed: int) -> dict:
     """`envs` stepped side by side, one episode open in each, their actions asked for at once
     (`Client.get_actions`), as a simulator running many instances would."""
-    steps = done = 0
+    steps = done = masked = 0
     returns, start, error = [], time.time(), None
     try:
         obs = [env.reset(seed=seed + 1000 * i)[0] for i, env in enumerate(envs)]
         episodes, totals = [client.start_episode() for _ in envs], [0.0] * len(envs)
         while time.time() - start < seconds:
-            actions = client.get_actions(episodes, obs)
+            actions = client.get_actions(episodes, tree.stack(obs))
             for i, env in enumerate(envs):
+                masked += forbidden(obs[i], actions[i], env.action_space)
                 obs[i], reward, terminated, truncated, _ = env.step(actions[i])
                 client.log_returns(episodes[i], reward)
                 steps, totals[i] = steps + 1, totals[i] + reward
@@ -62,13 +85,15 @@ def play_many(client: Client, envs: list, seconds: float, seed: int) -> dict:
     except ConnectionError as e:
         error = str(e)
     return {"steps": steps, "episodes": done, "seconds": round(time.time() - start, 3),
-            "return_mean": sum(returns[-20:]) / max(1, len(returns[-20:])), "error": error}
+            "return_mean": sum(returns[-20:]) / max(1, len(returns[-20:])), "masked_actions": masked,
+            "error": error}
 
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser()
     p.add_argument("run_dir")
-    p.add_argument("--env", default="CartPole-v1")
+    p.add_argument("--env", default="CartPole-v1", help="an env.id, built as the run builds it")
+    p.add_argument("--action-mask", default="auto", help="env.action_mask: auto, info, obs or none")
     p.add_argument("--inference", default="remote", choices=["remote", "local"])
     p.add_argument("--encoding", default="msgpack", choices=["msgpack", "json"])
     p.add_argument("--seconds", type=float, default=60.0)
@@ -85,9 +110,10 @@ def main(argv=None) -> None:
                                  reconnect_s=a.reconnect)
     try:
         if a.envs > 1:
-            out = play_many(client, [gym.make(a.env) for _ in range(a.envs)], a.seconds, a.seed)
+            out = play_many(client, [make_env(a.env, action_mask=a.action_mask) for _ in range(a.envs)],
+                            a.seconds, a.seed)
         else:
-            out = play(client, gym.make(a.env), a.seconds, a.episodes, a.seed)
+            out = play(client, make_env(a.env, action_mask=a.action_mask), a.seconds, a.episodes, a.seed)
     finally:
         client.close()
     print(json.dumps(out), flush=True)

@@ -82,16 +82,29 @@ def test_normalizing_observations_that_are_not_a_float_box_is_one_line_naming_th
         validate(load_config(None, ["algo=ppo", "mode=single", f"env.id={env_id}", "env.normalize.obs=true"]))
 
 
+MASKED_CUE = "tests.runtime.masked_cue:MaskedCue"  # a Dict observation with a nested Tuple and an action mask
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["algo=r2d2"], "'external.enabled': r2d2 cannot learn from external simulators: it acts with a recurrent state"),
     (["algo=a3c"], "a3c cannot learn from external simulators: its workers send gradients"),
     (["algo=bc", "data.dataset=nowhere"], "bc cannot learn from external simulators: it learns from a dataset only"),
     (["external.action_space={type: discrete, n: 3}"], "'external.action_space': Discrete(3) is not CartPole-v1's"),
     (["external.observation_space={type: box, shape: [5]}"], "'external.observation_space': Box("),
-    (["external.observation_space={type: cube}"], "'external.observation_space.type': discrete or box"),
+    (["external.observation_space={type: cube}"], "'external.observation_space.type': one of discrete, box, multi_discrete"),
     (["external.action_space={n: 0}"], "'external.action_space.n': a positive integer"),
     (["external.observation_space={shape: [4], low: [1, 2]}"], "'external.observation_space.low': a number or a list"),
     (["env.id=ALE/Pong-v5", "env.preset=atari"], "'env.id': ALE/Pong-v5 stacks frames"),
+    (["external.action_space={type: dict, spaces: {a: {n: 2}}}"],
+     "'external.action_space.type': one of discrete, box, multi_discrete, multi_binary, got 'dict'"),
+    (["external.observation_space={type: tuple, spaces: [{n: 2}, {type: multi_binary, n: 0}]}"],
+     "'external.observation_space.spaces.1.n': a positive integer"),
+    ([f"env.id={MASKED_CUE}", "external.observation_space={type: dict, spaces: {cue: {n: 4}, action_mask: "
+      "{type: multi_binary, n: 4}}}"], "'external.observation_space': its 'action_mask' leaf is MultiBinary(4), where "
+                                       "Discrete(5) actions take a multi_binary of 5"),
+    ([f"env.id={MASKED_CUE}", "external.observation_space={type: dict, spaces: {cue: {n: 4}, action_mask: "
+      "{type: multi_binary, n: 5}}}"], "'external.observation_space': Dict('action_mask': MultiBinary(5), 'cue': "
+                                       "Discrete(4)) is not tests.runtime.masked_cue:MaskedCue's"),
     (["external.host=192.0.2.1"], "'external.host': the simulator server cannot listen on 192.0.2.1:0"),
 ])
 def test_an_external_section_that_cannot_run_is_one_line_naming_its_key(overrides, message):
@@ -104,6 +117,11 @@ def test_an_external_section_that_cannot_run_is_one_line_naming_its_key(override
 
 def test_declared_spaces_equal_to_the_envs_pass():
     from distrl.checks import validate
+
+    validate(load_config(None, ["external.enabled=true", "mode=single", f"env.id={MASKED_CUE}",
+                                "external.observation_space={type: dict, spaces: {cue: {n: 4}, action_mask: {type: "
+                                "multi_binary, n: 5}, noise: {type: tuple, spaces: [{shape: [2], low: -1, high: 1}, "
+                                "{type: multi_binary, n: 2}]}}}", "external.action_space={n: 5}"]))
 
     validate(load_config(None, ["external.enabled=true", "mode=single", "external.action_space={type: discrete, n: 2}",
                                 "external.observation_space={type: box, shape: [4]}"]))  # its bounds: no input

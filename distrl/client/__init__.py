@@ -10,6 +10,10 @@ the simulator owns (docs/guides/external-simulators.md; the protocol: docs/refer
 `get_actions(episode_ids, observations)` asks for several open episodes' actions at once (local inference:
 one pass of the network for all of them).
 
+An observation is what the run's observation space says (`welcome`, `distrl.client.spaces`): an array, or
+for a Dict or Tuple space a dict or tuple of arrays (nested as the space is), its action mask, if any, as
+its `action_mask` key. Actions are ints (Discrete) or arrays (Box, MultiDiscrete, MultiBinary).
+
 Two inference modes: `remote` (the server runs the policy and answers each `get_action`) and `local`
 (the client pulls the newest weights as an ONNX file every `weights_interval_s` and acts itself with
 onnxruntime, sending its experience in batches of `send_steps` steps: by default 256, or 64 acting calls'
@@ -27,6 +31,7 @@ import uuid
 
 import numpy as np
 
+from distrl.client import spaces as wire_spaces
 from distrl.client import wire
 from distrl.client.steps import StepBuffer
 
@@ -114,27 +119,37 @@ class Client:
         return episode_id
 
     def get_action(self, episode_id: str, obs):
-        """The action to take on `obs` (the server's policy, or this client's copy of it)."""
+        """The action to take on `obs` (the server's policy, or this client's copy of it): for a Dict or
+        Tuple observation a dict or tuple of arrays (its mask, if any, as its `action_mask` key)."""
         ep = self._open(episode_id)
-        obs = np.asarray(obs, self._obs_dtype())
+        leaves = self._leaves(obs)
         if self.inference == "local":
-            return self._act_locally(ep, obs)
+            return self._act_rows([ep], {name: a[None] for name, a in leaves.items()})[0]
         reward, ep.reward = ep.reward, 0.0
         reply = self._request(lambda: {"type": "get_action", "episode": episode_id, "reward": reward,
-                                       "obs": wire.pack_array(obs, self.encoding)})
-        return _action(reply["action"])
+                                       "obs": self._pack_obs(leaves)})
+        return self._action(reply["action"])
 
     def get_actions(self, episode_ids, obs) -> list:
-        """The actions to take in several open episodes at once (a simulator running many), `obs` one row
-        per episode. Local inference acts on all rows in one pass of the network; remote inference asks
-        the server once per episode (protocol 1 carries one observation per message)."""
+        """The actions to take in several open episodes at once (a simulator running many), `obs` their
+        observations stacked, one row per episode in every leaf (an array of rows; for a Dict observation a
+        dict of them, as a gymnasium vector env gives it). Local inference acts on all rows in one pass of
+        the network; remote inference asks the server once per episode (the protocol carries one
+        observation per get_action)."""
         eps = [self._open(e) for e in episode_ids]
-        obs = np.array(obs, self._obs_dtype())  # a copy: a vectorized simulator writes its next rows in place
-        if len(obs) != len(eps):
-            raise ValueError(f"{len(eps)} episodes but {len(obs)} observations")
+        try:
+            leaves = self._leaves(obs)  # copies: a vectorized simulator writes its next rows in place
+        except ValueError as e:
+            raise ValueError(f"{e} (get_actions takes the observations stacked leaf by leaf: "
+                             "{key: np.stack([o[key] for o in observations]), ...})") from None
+        if any(a.shape[:1] != (len(eps),) for a in leaves.values()):
+            rows = sorted({len(a) if a.ndim else 1 for a in leaves.values()})  # a 0-d leaf: one observation
+            raise ValueError(f"{len(eps)} episodes but {' or '.join(map(str, rows))} observations")
         if self.inference == "local":
-            return self._act_rows(eps, obs)
-        return [self.get_action(e, o) for e, o in zip(episode_ids, obs)]
+            return self._act_rows(eps, leaves)
+        space = self.observation_space
+        return [self.get_action(e, wire_spaces.nest(space, {name: a[i] for name, a in leaves.items()}))
+                for i, e in enumerate(episode_ids)]
 
     def log_returns(self, episode_id: str, reward: float) -> None:
         """Add `reward` to what the episode's last action earned."""
@@ -148,14 +163,14 @@ class Client:
         """The episode is over at `obs`: terminated (no value after it), or `truncated` (a time limit: its
         value is bootstrapped from `obs`)."""
         ep = self._open(episode_id)
-        obs = np.asarray(obs, self._obs_dtype())
+        leaves = self._leaves(obs)
         if self.inference == "local":
-            ep.end = (obs, bool(truncated))
+            ep.end = (leaves, bool(truncated))
             self._send_experience(force=False)
             return
         try:  # open until the server has it: a connection made again meanwhile announces it first
             self._request(lambda: {"type": "end_episode", "episode": episode_id, "reward": ep.reward,
-                                   "truncated": bool(truncated), "obs": wire.pack_array(obs, self.encoding)})
+                                   "truncated": bool(truncated), "obs": self._pack_obs(leaves)})
         finally:
             del self.episodes[episode_id]
 
@@ -178,11 +193,28 @@ class Client:
     def __exit__(self, *exc):
         self.close()
 
-    # --- local inference ------------------------------------------------------------
-    def _act_locally(self, ep: _Episode, obs: np.ndarray):
-        return self._act_rows([ep], np.array(obs[None]))[0]  # a copy: the simulator may reuse its array
+    # --- observations and actions ------------------------------------------------------
+    def _leaves(self, obs) -> dict[str, np.ndarray]:
+        """`obs` (one observation, or rows of them) read against the observation space: its leaves by name
+        (`distrl.client.spaces`), copied, in their stored dtypes; ValueError for a missing or extra leaf."""
+        named = {}
 
-    def _act_rows(self, eps: list[_Episode], obs: np.ndarray) -> list:
+        def leaf(name: str, space: dict, value) -> None:
+            named[name] = np.array(value, wire_spaces.leaf_dtype(space))
+        wire_spaces.read(self.observation_space, obs, leaf)
+        return named
+
+    def _pack_obs(self, leaves: dict[str, np.ndarray]):
+        """Named leaves as the wire carries the observation: shaped like its space, each leaf an array object."""
+        return wire_spaces.nest(self.observation_space, {name: self._pack(a) for name, a in leaves.items()})
+
+    def _action(self, value):
+        """An action as the server sent it: an int (Discrete) or an array in the action space's dtype."""
+        space = self.action_space
+        return value if space["type"] == "discrete" else wire.unpack_array(value, wire_spaces.leaf_dtype(space))
+
+    # --- local inference ------------------------------------------------------------
+    def _act_rows(self, eps: list[_Episode], obs: dict[str, np.ndarray]) -> list:
         if self.actor is None or time.time() - self.pulled_at >= self.weights_interval_s:
             self._pull_weights()
         actions, extras = self.actor.act_rows(obs, self.rng)
@@ -232,12 +264,13 @@ class Client:
                 continue
             seg = {"episode": episode_id, "start": not ep.started, "end": None}
             if mine is not None:
-                seg.update(obs=self._pack(columns["obs"][mine]), actions=self._pack(columns["actions"][mine]),
+                obs = {k[2:]: v[mine] for k, v in columns.items() if k.startswith("o/")}
+                seg.update(obs=self._pack_obs(obs), actions=self._pack(columns["actions"][mine]),
                            rewards=self._pack(columns["rewards"][mine].astype(np.float32)),
                            versions=self._pack(columns["versions"][mine]),
                            extras={k[2:]: self._pack(v[mine]) for k, v in columns.items() if k.startswith("x/")})
             if ep.end is not None:
-                seg["end"] = {"obs": self._pack(ep.end[0]), "truncated": ep.end[1]}
+                seg["end"] = {"obs": self._pack_obs(ep.end[0]), "truncated": ep.end[1]}
             segments.append(seg)
             sent.append(episode_id)
         self._sent = (sent, held, columns, hold)
@@ -274,15 +307,18 @@ class Client:
         return self._sent if keep else reply
 
     def _connect(self) -> None:
-        sock = socket.create_connection(self.address)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.sock = sock
-        wire.send(sock, {"type": "hello", "protocol": wire.PROTOCOL, "token": self.token,
-                         "inference": self.inference, "name": self.name}, self.encoding)
-        reply = wire.receive(sock)
-        if reply.get("type") == "error":
+        for protocol in sorted(wire.PROTOCOLS, reverse=True):  # the newest first; a server of distrl < 2 speaks 1
+            sock = socket.create_connection(self.address)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.sock = sock
+            wire.send(sock, {"type": "hello", "protocol": protocol, "token": self.token,
+                             "inference": self.inference, "name": self.name}, self.encoding)
+            reply = wire.receive(sock)
+            if reply.get("type") != "error":
+                break
             self._drop()
-            raise ServerError(str(reply.get("error")), str(reply.get("message")))
+            if reply.get("error") != "bad_version" or protocol == min(wire.PROTOCOLS):
+                raise ServerError(str(reply.get("error")), str(reply.get("message")))
         self.welcome = reply
         for episode_id, ep in self.episodes.items():  # a new connection knows none of them
             if self.inference == "remote" and ep.started:  # one being started is announced by its own retry
@@ -306,13 +342,3 @@ class Client:
         if ep is None or ep.end is not None:
             raise ValueError(f"episode {episode_id!r} is not open (start_episode first)")
         return ep
-
-    def _obs_dtype(self):
-        return np.dtype(self.observation_space.get("dtype", "float32")) \
-            if self.observation_space.get("type") == "box" else np.int64
-
-
-def _action(value):
-    """An action as the server sent it: an int (Discrete) or an array (Box)."""
-    return value if isinstance(value, int) else np.asarray(value, np.float32) \
-        if not isinstance(value, dict) else wire.unpack_array(value)

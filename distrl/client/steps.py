@@ -15,12 +15,13 @@ class StepBuffer:
         self.rows = 0
         self.nbytes = 0  # what the held rows' arrays take
 
-    def add(self, slots: np.ndarray, obs: np.ndarray, actions: np.ndarray, extras: dict[str, np.ndarray],
+    def add(self, slots: np.ndarray, obs: dict[str, np.ndarray], actions: np.ndarray, extras: dict[str, np.ndarray],
             version: int, rewards: np.ndarray) -> int:
-        """One acting call's rows; returns the block's index (its row i is `(index, i)`)."""
-        self.blocks.append({"slots": slots, "obs": obs, "actions": actions, "rewards": rewards,
+        """One acting call's rows (`obs`: the observations' leaves by name, `distrl.client.spaces`); returns the
+        block's index (its row i is `(index, i)`). A leaf is column `o/<name>`, an extra `x/<name>`."""
+        self.blocks.append({"slots": slots, "actions": actions, "rewards": rewards,
                             "versions": np.full(len(slots), version, np.int64),
-                            **{"x/" + k: v for k, v in extras.items()}})
+                            **{"o/" + k: v for k, v in obs.items()}, **{"x/" + k: v for k, v in extras.items()}})
         self.rows += len(slots)
         self.nbytes += sum(v.nbytes for v in self.blocks[-1].values())
         return len(self.blocks) - 1

@@ -17,7 +17,8 @@ from typing import Any
 import msgpack
 import numpy as np
 
-PROTOCOL = 1
+PROTOCOL = 2  # the newest version, which clients say; a server speaks every one of PROTOCOLS
+PROTOCOLS = (1, 2)
 HEADER = struct.Struct(">I")
 MAX_MESSAGE_BYTES = 16 * 2**20  # the server's default limit on one frame's payload (it says its own in `welcome`)
 DTYPES = ("bool", "uint8", "int8", "uint16", "int16", "uint32", "int32", "int64", "float16", "float32", "float64")

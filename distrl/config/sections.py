@@ -63,9 +63,12 @@ class ExternalConfig:
     port: int = f(0, "TCP port (0: a free one, chosen at the start, kept across the server's restarts and written "
                   "to RUN_DIR/external.json)", lo=0, hi=65535)
     observation_space: dict | None = f(None, "what simulators observe: {type: box, shape: [4], dtype: float32, "
-                                       "low: -.inf, high: .inf} (null: env.id's)")
-    action_space: dict | None = f(None, "what simulators take: {type: discrete, n: 2} or {type: box, shape: [1], "
-                                  "low: -2, high: 2} (null: env.id's)")
+                                       "low: -.inf, high: .inf}, or a {type: dict, spaces: {name: ...}} or {type: "
+                                       "tuple, spaces: [...]} of box, discrete, multi_discrete and multi_binary "
+                                       "leaves, an action_mask among them (null: env.id's)")
+    action_space: dict | None = f(None, "what simulators take: {type: discrete, n: 2}, {type: box, shape: [1], "
+                                  "low: -2, high: 2}, {type: multi_discrete, nvec: [3, 4]} or {type: multi_binary, "
+                                  "n: 4} (null: env.id's)")
     with_workers: bool = f(False, "also run `workers` rollout workers on env.id beside the simulators")
     max_clients: int = f(16, "simulators connected at once; each takes an exploration slot (Ape-X's per-worker "
                          "epsilon over max_clients slots)", lo=1, hi=4096)

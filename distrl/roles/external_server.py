@@ -25,7 +25,8 @@ from typing import Callable
 
 import numpy as np
 
-from distrl.client import wire
+from distrl import tree
+from distrl.client.spaces import protocol_for
 from distrl.client.wire import ProtocolError
 from distrl.core import Fragment, FragmentInfo
 from distrl.envs.spaces import space_to_data
@@ -58,6 +59,8 @@ class SimulatorServer:
         self.algo = make_algorithm(cfg)
         self.policy = self.algo.make_policy(-1, 1, policy_seed(cfg.seed, -1))  # the batched forward, postprocess
         self.checks = Checks(self.algo.spec, self.policy)
+        self.spaces = (self.checks.obs_data, space_to_data(self.algo.spec.action_space))
+        self.protocol = protocol_for(*self.spaces)  # the oldest version a client may speak to this run
         self.slots: dict[int, object] = {}  # slot -> its policy (exploration only: RNG, rule, schedule)
         self.slot_steps: dict[int, int] = {}
         self.free = list(range(self.max_clients))
@@ -188,10 +191,9 @@ class SimulatorServer:
     def claim_slot(self) -> int | None:
         return heapq.heappop(self.free) if self.free else None
 
-    def welcome(self, slot: int) -> dict:
-        return {"type": "welcome", "protocol": wire.PROTOCOL, "client": slot, "version": self.policy.version,
-                "observation_space": space_to_data(self.algo.spec.observation_space),
-                "action_space": space_to_data(self.algo.spec.action_space),
+    def welcome(self, slot: int, protocol: int) -> dict:
+        return {"type": "welcome", "protocol": protocol, "client": slot, "version": self.policy.version,
+                "observation_space": self.spaces[0], "action_space": self.spaces[1],
                 "max_message_bytes": self.max_message_bytes}
 
     def new_episode_id(self, slot: int) -> str:
@@ -200,7 +202,7 @@ class SimulatorServer:
     def count(self, name: str) -> None:
         self.counts[name] += 1
 
-    def observation(self, value, rows: int | None) -> np.ndarray:
+    def observation(self, value, rows: int | None) -> tree.Tree:
         return self.checks.observations(value, rows)
 
     def slot_policy(self, slot: int):
@@ -230,7 +232,7 @@ class SimulatorServer:
                     s.transport.resume_reading()
 
     # --- remote inference ------------------------------------------------------------------
-    def queue_action(self, session: Session, episode: str, obs: np.ndarray, reward: float) -> None:
+    def queue_action(self, session: Session, episode: str, obs: tree.Tree, reward: float) -> None:
         self.pending.append((session, episode, obs, reward))
         if len(self.pending) == 1:  # the requests read in this pass of the loop run as one batch
             self.loop.call_soon(self._act)
@@ -246,7 +248,7 @@ class SimulatorServer:
         open_episodes = [session.episodes.open[episode] for session, episode, _, _ in batch]
         states = self._states(open_episodes)
         try:
-            outputs, after = self.policy.forward(np.stack([obs for _, _, obs, _ in batch]), states)
+            outputs, after = self.policy.forward(tree.stack([obs for _, _, obs, _ in batch]), states)
         except Exception as e:  # noqa: BLE001 - the network failed: the server is as good as dead
             self._fail(f"acting failed: {type(e).__name__}: {e}")
             return

@@ -123,12 +123,17 @@ class Session(asyncio.Protocol):
         return handler(self, msg)
 
     def hello(self, msg: dict) -> dict:
-        if msg.get("protocol") != wire.PROTOCOL:
-            raise ProtocolError("bad_version", f"this server speaks protocol {wire.PROTOCOL}, "
-                                               f"the client {msg.get('protocol')!r}")
+        protocol = msg.get("protocol")
+        if type(protocol) is not int or protocol not in wire.PROTOCOLS:  # not True, not 2.0
+            spoken = " or ".join(map(str, wire.PROTOCOLS))
+            raise ProtocolError("bad_version", f"this server speaks protocol {spoken}, the client {protocol!r}")
         token = msg.get("token")
         if not isinstance(token, str) or not hmac.compare_digest(token.encode(), self.server.token.encode()):
             raise ProtocolError("bad_token", "the token is not this run's (RUN_DIR/external.json)")
+        if protocol < self.server.protocol:  # a protocol 1 client would misread a Dict, a mask, a MultiDiscrete
+            raise ProtocolError("bad_version", f"this run's spaces (a Dict or Tuple observation, MultiDiscrete or "
+                                               f"MultiBinary actions) need protocol {self.server.protocol}, the "
+                                               f"client speaks {protocol}")
         if msg.get("inference", "remote") not in ("remote", "local"):
             raise ProtocolError("bad_version", f"inference is remote or local, got {msg.get('inference')!r}")
         slot = self.server.claim_slot()
@@ -138,7 +143,7 @@ class Session(asyncio.Protocol):
         self.hello_timer.cancel()
         self.slot, self.inference = slot, msg.get("inference", "remote")
         self.episodes = Episodes(self.server.assembler, self.server.chunk, MAX_OPEN_EPISODES, self.server.counts)
-        return self.server.welcome(slot)
+        return self.server.welcome(slot, protocol)
 
     def start_episode(self, msg: dict) -> dict:
         episode = msg.get("episode")

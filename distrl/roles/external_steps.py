@@ -13,6 +13,9 @@ windows, GAE and V-trace never cross from one episode into another, and no value
 the cut. A full fragment is postprocessed by the run's policy, as a worker's is, and waits for the
 driver in `ready`.
 
+Observations are trees of arrays (`distrl.tree`: a structured one's leaves, a flat one's one array), kept
+and cut leaf by leaf as a rollout worker's are.
+
 What a connection loses when it closes is the steps of its open episodes not yet in a chunk
 (`steps_lost`, `episodes_cut`): an unfinished episode's unfinished part.
 """
@@ -24,6 +27,7 @@ from collections import deque
 
 import numpy as np
 
+from distrl import tree
 from distrl.core import Fragment, FragmentInfo, Trajectory
 from distrl.observe.trace import tracer
 
@@ -51,8 +55,9 @@ class Assembler:
             take = min(k - at, self.E * self.T - self.filled)
             for name, values in (*chunk.items(), *(("x/" + n, v) for n, v in extras.items())):
                 if name not in self.arrays:
-                    self.arrays[name] = np.zeros((self.E * self.T, *values.shape[1:]), values.dtype)
-                self.arrays[name][self.filled:self.filled + take] = values[at:at + take]
+                    self.arrays[name] = tree.empty((self.E * self.T,), tree.index(values, 0))
+                rows = tree.index(values, slice(at, at + take))
+                tree.assign(self.arrays[name], slice(self.filled, self.filled + take), rows)
             self.filled += take
             at += take
             if self.filled == self.E * self.T:
@@ -69,7 +74,7 @@ class Assembler:
         def time_major(a: np.ndarray) -> np.ndarray:
             return np.ascontiguousarray(a.reshape(E, T, *a.shape[1:]).swapaxes(0, 1))
 
-        a = {name: time_major(v) for name, v in self.arrays.items()}
+        a = {name: tree.map(time_major, v) for name, v in self.arrays.items()}
         self.arrays, self.filled = {}, 0
         extras = {name[2:]: v for name, v in a.items() if name.startswith("x/")}
         t0 = time.time()
@@ -126,10 +131,10 @@ class Episodes:
 
     def act(self, episode: str, obs, action, extras: dict, version: int) -> None:
         """The action taken on `obs` (which completes the episode's previous step)."""
-        self.extend(episode, np.asarray(obs)[None], np.asarray(action)[None],
+        self.extend(episode, _one_row(obs), np.asarray(action)[None],
                     {k: np.asarray(v)[None] for k, v in extras.items()}, np.array([version]), np.zeros(1))
 
-    def extend(self, episode: str, obs: np.ndarray, actions: np.ndarray, extras: dict, versions: np.ndarray,
+    def extend(self, episode: str, obs: tree.Tree, actions: np.ndarray, extras: dict, versions: np.ndarray,
                rewards: np.ndarray) -> None:
         """k actions taken one after another on `obs` (k rows each), each but the last with its reward final
         (`rewards`); the first completes the episode's previous step, the last waits for its next observation."""
@@ -137,13 +142,14 @@ class Episodes:
         if k == 0:
             return
         if ep.pending is not None:
-            self._complete(ep, obs[:1], terminated=False, truncated=False)
+            self._complete(ep, tree.index(obs, slice(None, 1)), terminated=False, truncated=False)
         if k > 1:
             done = np.zeros(k - 1, bool)
-            self._hold(ep, {"obs": obs[:-1], "actions": actions[:-1], "rewards": rewards[:-1].astype(np.float32),
-                            "terminated": done, "truncated": done, "next_obs": obs[1:], "versions": versions[:-1],
+            self._hold(ep, {"obs": tree.index(obs, slice(None, -1)), "actions": actions[:-1],
+                            "rewards": rewards[:-1].astype(np.float32), "terminated": done, "truncated": done,
+                            "next_obs": tree.index(obs, slice(1, None)), "versions": versions[:-1],
                             **{"x/" + n: v[:-1] for n, v in extras.items()}})
-        ep.pending = {"obs": obs[-1:], "actions": actions[-1:], "versions": versions[-1:],
+        ep.pending = {"obs": tree.index(obs, slice(-1, None)), "actions": actions[-1:], "versions": versions[-1:],
                       **{"x/" + n: v[-1:] for n, v in extras.items()}}
         ep.pending_reward = float(rewards[-1])
         if ep.held >= self.chunk:
@@ -158,7 +164,7 @@ class Episodes:
     def end(self, episode: str, obs, truncated: bool) -> None:
         ep = self.open.pop(episode)
         if ep.pending is not None:
-            self._complete(ep, np.asarray(obs)[None], terminated=not truncated, truncated=truncated)
+            self._complete(ep, _one_row(obs), terminated=not truncated, truncated=truncated)
         if ep.held:
             self._send(ep)
         if ep.length:
@@ -172,7 +178,7 @@ class Episodes:
             self.counts["episodes_cut"] += 1
         self.open.clear()
 
-    def _complete(self, ep: Episode, next_obs: np.ndarray, terminated: bool, truncated: bool) -> None:
+    def _complete(self, ep: Episode, next_obs: tree.Tree, terminated: bool, truncated: bool) -> None:
         row, ep.pending = ep.pending, None
         self._hold(ep, {**row, "rewards": np.array([ep.pending_reward], np.float32), "next_obs": next_obs,
                         "terminated": np.array([terminated]), "truncated": np.array([truncated])})
@@ -189,9 +195,14 @@ class Episodes:
         """The episode's complete steps to the assembler, as a chunk whose last step is an end (its own, or
         a truncation where the chunk is cut)."""
         blocks, ep.blocks, ep.held = ep.blocks, [], 0
-        chunk = {name: np.concatenate([b[name] for b in blocks]) for name in blocks[0]}
+        chunk = {name: tree.concatenate([b[name] for b in blocks]) for name in blocks[0]}
         chunk["truncated"] = chunk["truncated"].copy()
         chunk["truncated"][-1] |= not chunk["terminated"][-1]
         chunk["versions"] = chunk["versions"].astype(np.int32)
         self.assembler.add({n: chunk[n] for n in STEP_FIELDS},
                            {n[2:]: v for n, v in chunk.items() if n.startswith("x/")})
+
+
+def _one_row(obs: tree.Tree) -> tree.Tree:
+    """One observation as a batch of one row (a structured one leaf by leaf)."""
+    return tree.map(lambda x: np.asarray(x)[None], obs)

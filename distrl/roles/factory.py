@@ -32,14 +32,18 @@ def multiagent_spec(env) -> EnvSpec:
 
 def external_spec(env_cfg, external) -> EnvSpec:
     """External simulators' spaces: those the `external` section declares, env.id's for the others."""
-    from distrl.envs.spaces import space_from_data
+    from distrl.envs.spaces import mask_problem, space_from_data
 
-    declared = {side: space_from_data(getattr(external, f"{side}_space"), f"external.{side}_space")
+    declared = {side: space_from_data(getattr(external, f"{side}_space"), f"external.{side}_space",
+                                      action=side == "action")
                 for side in ("observation", "action") if getattr(external, f"{side}_space") is not None}
     if len(declared) < 2:
         spec = env_spec(env_cfg.id, env_cfg.kwargs, wrappers=env_cfg.wrappers, preset=env_cfg.preset,
                         obs_keys=env_cfg.obs_keys, action_mask=env_cfg.action_mask)
         declared = {"observation": spec.observation_space, "action": spec.action_space, **declared}
+    problem = mask_problem(declared["observation"], declared["action"])
+    if problem:
+        raise ValueError(f"config key 'external.observation_space': {problem}")
     return EnvSpec(declared["observation"], declared["action"])
 
 

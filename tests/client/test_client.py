@@ -18,7 +18,7 @@ import distrl.client, distrl.client.local
 from distrl.client.local import LocalActor
 actor = LocalActor(open(sys.argv[1], "rb").read(), {"kind": "categorical"}, 0)
 import numpy as np
-print(actor.act(np.zeros(4, np.float32), np.random.default_rng(0))[0])
+print(actor.act({"": np.zeros(4, np.float32)}, np.random.default_rng(0))[0])
 print(" ".join(sorted(m for m in ("torch", "ray", "gymnasium") if m in sys.modules)) or "none")
 """
 
@@ -51,7 +51,7 @@ def test_local_acting_records_what_the_policy_records_with_the_same_randomness()
                            worker.acting_rule().to_wire(), 3)
         obs = np.random.default_rng(0).standard_normal((50, 4)).astype(np.float32)
         rng = np.random.default_rng(11)
-        mine = [actor.act(o, rng) for o in obs]
+        mine = [actor.act({"": o}, rng) for o in obs]
         worker.rng = np.random.default_rng(11)
         theirs = [worker.act(o[None], explore=True) for o in obs]
         for (a, extras), (b, their_extras) in zip(mine, theirs):
@@ -60,7 +60,7 @@ def test_local_acting_records_what_the_policy_records_with_the_same_randomness()
             for k in extras:
                 np.testing.assert_allclose(extras[k], their_extras[k][0], rtol=1e-4, atol=1e-5)
         # many rows at once (Client.get_actions): what the worker's policy does with the same rows
-        actions, extras = actor.act_rows(obs, np.random.default_rng(5))
+        actions, extras = actor.act_rows({"": obs}, np.random.default_rng(5))
         worker.rng = np.random.default_rng(5)
         their_actions, their_extras = worker.act(obs, explore=True)
         np.testing.assert_allclose(actions, their_actions, atol=1e-5)
