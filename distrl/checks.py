@@ -288,7 +288,7 @@ def _check_multiagent_env(env_cfg: EnvConfig):
     if env_cfg.wrappers or env_cfg.preset != "none":
         key = "env.wrappers" if env_cfg.wrappers else "env.preset"
         raise EnvError(f"config key '{key}': multi-agent envs take no gymnasium wrappers or preset")
-    env = make_multiagent_env(env_cfg.id, env_cfg.kwargs)
+    env = make_multiagent_env(env_cfg.id, env_cfg.kwargs, env_cfg.obs_keys, env_cfg.action_mask)
     try:
         env.reset(seed=0)
         env.step(np.zeros(env.num_agents, np.int64))

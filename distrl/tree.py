@@ -201,6 +201,15 @@ def space_tree(space) -> Tree:
     return _Leaf(space)
 
 
+def as_space(node) -> Any:
+    """Dicts and tuples of leaf spaces (`unflatten_like(space_tree(s), leaf spaces)`) as one gymnasium space."""
+    if isinstance(node, dict):
+        return spaces.Dict({k: as_space(v) for k, v in node.items()})
+    if isinstance(node, tuple):
+        return spaces.Tuple(tuple(as_space(v) for v in node))
+    return node
+
+
 class _Leaf:
     """A leaf space inside a space tree (a wrapper: optree would walk a space's own attributes)."""
 

@@ -108,14 +108,12 @@ class DiagGaussian:
 # --- network ----------------------------------------------------------------------
 class ActorCriticNet(nn.Module):
     """obs -> (action distribution, V(obs)); separate torsos, or one shared by both heads. `factors`: a
-    MultiDiscrete or MultiBinary action's (`out_dim` is then sum(nvec)). With a recurrent `core` (one torso,
-    `v_torso` None) both heads read the core's output, so each env has one state (`distrl.models.cores`)."""
+    MultiDiscrete or MultiBinary action's (`out_dim` is then sum(nvec)). A recurrent `core` serves the policy,
+    and the value too unless a `v_torso` (MAPPO's critic: inputs acting lacks) reads it without memory."""
 
     def __init__(self, pi_torso: nn.Module, v_torso: nn.Module | None, out_dim: int, box: bool,
                  factors: Factors | None = None, core: RecurrentCore | None = None):
         super().__init__()
-        if core is not None and v_torso is not None:
-            raise ValueError("a recurrent actor-critic shares its torso and core between both heads")
         self.pi_torso, self.v_torso, self.core = pi_torso, v_torso, core
         width = pi_torso.out_features if core is None else core.out_features
         self.pi_head = nn.Linear(width, out_dim)
@@ -162,23 +160,27 @@ class ActorCriticNet(nn.Module):
         return self._named(*self.heads(obs))
 
     def actor_outputs(self, obs) -> dict[str, torch.Tensor]:
-        """`act_outputs` without V(obs), of a feedforward net: only the actor runs (MAPPO's critic reads
-        inputs an agent does not have when it acts)."""
+        """A feedforward net's `act_outputs` without V(obs) (MAPPO's critic reads inputs acting lacks)."""
         return self._named(self._policy_out(self.pi_torso(obs), obs))
 
     def act_step(self, obs: torch.Tensor, state: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """A recurrent net's `act_outputs` of one step from `state` (B, S, C), and the state after it."""
         h, after = self.core.step(self.pi_torso(obs), state)
-        return self._named(*self._outputs(h, h, obs)), after
+        return self._named(*self._outputs(h, h if self.v_torso is None else self.v_torso(obs), obs)), after
+
+    def actor_step(self, obs, state: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """`act_step` without V(obs): a recurrent net's `actor_outputs`."""
+        h, after = self.core.step(self.pi_torso(obs), state)
+        return self._named(self._policy_out(h, obs)), after
 
     def unroll(self, obs, state: torch.Tensor, first: torch.Tensor | None = None
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """A recurrent net over time-major obs (T, B, ...) from `state` (B, S, C), zeroed before each step where
         `first` (T, B) is True: (head outputs (T, B, A), values (T, B), the state after the last step)."""
         lead = tree.leaves(obs)[0].shape[:2]
-        x = self.pi_torso(tree.flatten_lead(obs, 2))
-        h, after = self.core.unroll(x.view(*lead, -1), state, first)
-        out, value = self._outputs(h, h, obs)
+        rows = tree.flatten_lead(obs, 2)
+        h, after = self.core.unroll(self.pi_torso(rows).view(*lead, -1), state, first)
+        out, value = self._outputs(h, h if self.v_torso is None else self.v_torso(rows).view(*lead, -1), obs)
         return out, value, after
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
@@ -229,7 +231,7 @@ def estimates(net: ActorCriticNet, t: dict[str, torch.Tensor], recurrence: int |
     """`Estimates` of time-major tensors `t`. A recurrent net unrolls each env's fragment from its stored
     state, `recurrence` steps (all of them: None) at a time, keeping each piece's start state; its bootstrap
     for the last step is one more step on `next_obs[T-1]`, and a truncated episode's the worker's
-    `final_value` (the next observation it never acted on)."""
+    `final_value`; a value without memory (a `v_torso` beside the core) bootstraps from `next_obs`."""
     shape = t["rewards"].shape
     if net.core is None:
         logp, _, values = net.evaluate(tree.flatten_lead(t["obs"], 2), tree.flatten_lead(t["actions"], 2))
@@ -242,11 +244,14 @@ def estimates(net: ActorCriticNet, t: dict[str, torch.Tensor], recurrence: int |
         out, value, state = net.unroll(tree.index(t["obs"], slice(a, a + length)), state, first[a:a + length])
         outs.append(out)
         values.append(value)
+    logp = net._dist(torch.cat(outs)).log_prob(t["actions"])
+    if net.v_torso is not None:
+        next_values = net.value(tree.flatten_lead(t["next_obs"], 2)).view(shape)
+        return Estimates(logp, torch.cat(values), next_values, torch.stack(starts))
     last = tree.index(t["next_obs"], slice(T - 1, T))
     values.append(net.unroll(last, state)[1])
     values = torch.cat(values)
     next_values = torch.where(t["truncated"].bool() & ~t["terminated"].bool(), t["final_value"], values[1:])
-    logp = net._dist(torch.cat(outs)).log_prob(t["actions"])
     return Estimates(logp, values[:-1], next_values, torch.stack(starts))
 
 

@@ -2,12 +2,15 @@
 
 Agents are rows of the batch: a worker's E envs of N agents act as E * N rows, and a fragment stores them
 as E * N columns of the time-major (T, B) layout PPO's learner takes, so GAE, V-trace, the clipped
-surrogate and the minibatches are PPO's own (`distrl.algos.ppo`). What is multi-agent is what a row holds
-and which rows count:
+surrogate, the minibatches and a recurrent core's sequences are PPO's own (`distrl.algos.ppo`). What is
+multi-agent is what a row holds and which rows count:
 
-- a row's observation is a tree: `own` (the agent's observation) and `agent` (its index, one-hot encoded by
-  the torso: parameter sharing can still tell agents apart), all the actor reads (`ACTOR_KEYS`), and, for
-  the central critic, `joint` (every agent's observation, concatenated) or `state` (the env's global state,
+- a row's observation is a tree: `own` (the agent's observation: an array, or its Dict or Tuple tree) and
+  `agent` (its index, one-hot encoded by the torso: parameter sharing can still tell agents apart), all the
+  actor reads (`ACTOR_KEYS`); the agent's action mask, where the env gives one, as the row's `action_mask`
+  (the heads mask the logits there, in acting and in the learner's log-probs and entropies, as for one
+  agent); and, for the central critic, `joint` (every agent's observation, concatenated leaf by leaf:
+  each agent's leaf flattened, a Discrete leaf one integer per agent) or `state` (the env's global state,
   `MAStep.state`), by `mappo.central_input`: the critic's input at training time only;
 - `mappo.critic: central` (MAPPO) has the value network read that leaf and `agent`, `local` (IPPO) `own`
   and `agent`;
@@ -16,8 +19,15 @@ and which rows count:
   advantages' normalization (`live`);
 - rewards, returns and advantages are per agent; an episode's truncation bootstraps every agent still in it.
 
-Acting runs the actor alone (`ActorCriticNet.actor_outputs`) on each agent's row, which is also what
-`distrl export` writes: one agent's actor, inputs `agent` and `own`.
+With `model.core` the actor is torso -> core -> head with a state per agent row: a worker keeps (E, N, S, C),
+zeroed for every agent of an env whose episode ends (all of them start the next one together), a fragment
+stores its columns' states before its first step, and the learner unrolls each column as PPO unrolls an
+env's. The critic stays feedforward (its own torso, no state), since its inputs are the learner's only: a
+central critic's joint observation or state is what it sees instead of memory.
+
+Acting runs the actor alone (`ActorCriticNet.actor_outputs`, `actor_step` with a core) on each agent's row,
+which is also what `distrl export` writes: one agent's actor, inputs `action_mask` (where masked), `agent`
+and `own` (one per leaf of a structured one), and `state` with a core.
 
 The env goes through the multi-agent adapter DHC uses (`distrl.envs.multiagent`).
 """
@@ -35,12 +45,12 @@ from distrl.algos.actor_critic_acting import ActorCriticPolicy
 from distrl.algos.common import stored_obs
 from distrl.algos.ppo import PPO, PPOConfig
 from distrl.config.fields import f
-from distrl.config.sections import ModelConfig
-from distrl.core import Batch, EnvSpec, Trajectory
-from distrl.models import make_torso
+from distrl.core import Batch, Trajectory
+from distrl.envs.multiagent_obs import has_mask, without_mask
+from distrl.models import RecurrentCore, make_torso
+from distrl.models.multi_input import image_leaf
 
-
-ACTOR_KEYS = ("own", "agent")  # what an agent has when it acts on its own (and all an exported actor takes)
+ACTOR_KEYS = ("own", "agent")  # what an agent has when it acts on its own (with its mask: all an exported actor takes)
 
 
 @dataclass
@@ -52,18 +62,46 @@ class MAPPOConfig(PPOConfig):
                            choices=("joint", "state"))
 
 
-def agent_rows(obs: np.ndarray, rank: int, central: str | None = None,
-               state: np.ndarray | None = None) -> dict[str, np.ndarray]:
-    """Per-agent rows of observations (..., N, *obs_shape) (`rank`: len(obs_shape)): the tree each agent's
-    row holds (module docstring), with the same leading (..., N) axes; `central`: the central critic's leaf,
-    joint or state (the global state (..., *state_shape), given as `state`), or None."""
-    lead = obs.shape[:obs.ndim - rank]
-    rows = {"own": obs, "agent": np.broadcast_to(np.arange(lead[-1], dtype=np.int64), lead).copy()}
-    if central is not None:
-        # Every agent's row of an env holds the same joint observation or state.
-        whole = obs.reshape(*lead[:-1], 1, -1) if central == "joint" else np.expand_dims(state, len(lead) - 1)
-        rows[central] = np.broadcast_to(whole, (*lead, *whole.shape[len(lead):])).copy()
+def split_mask(obs: tree.Tree) -> tuple[tree.Tree, np.ndarray | None]:
+    """(the observation without its action mask, the mask or None): the mask is a row's own leaf."""
+    mask = tree.mask_of(obs)
+    return (obs, None) if mask is None else ({k: v for k, v in obs.items() if k != tree.MASK_KEY}, mask)
+
+
+def agent_rows(obs: tree.Tree, lead: int, central: str | None = None,
+               state: np.ndarray | None = None) -> dict[str, tree.Tree]:
+    """Per-agent rows of observations whose leaves are (..., N, ...) (`lead`: the axes up to N's): the tree
+    each agent's row holds (module docstring), with the same leading (..., N) axes; `central`: the central
+    critic's leaf, joint or state (the global state (..., *state_shape), given as `state`), or None."""
+    own, mask = split_mask(obs)
+    shape = tree.leaves(own)[0].shape[:lead]
+    rows = {"own": own, "agent": np.broadcast_to(np.arange(shape[-1], dtype=np.int64), shape).copy()}
+    if mask is not None:
+        rows[tree.MASK_KEY] = mask
+    if central == "joint":  # each leaf: every agent's flattened, in each agent's row
+        rows["joint"] = tree.map(lambda x: _every_row(x.reshape(*shape[:-1], 1, -1), shape), own)
+    elif central == "state":
+        rows["state"] = _every_row(np.expand_dims(state, lead - 1), shape)
     return rows
+
+
+def _every_row(whole: np.ndarray, shape: tuple) -> np.ndarray:
+    """`whole` (..., 1, ...), one per env, in every agent's row of its env: (*shape, ...)."""
+    return np.broadcast_to(whole, (*shape, *whole.shape[len(shape):])).copy()
+
+
+def joint_space(space, n: int):
+    """The space of `agent_rows`' joint leaf for one agent's observation `space` (no mask) and `n` agents."""
+    def joint(s):
+        if isinstance(s, spaces.Box):
+            return spaces.Box(np.tile(s.low.reshape(-1), n), np.tile(s.high.reshape(-1), n), dtype=s.dtype)
+        if isinstance(s, spaces.Discrete):
+            return spaces.MultiDiscrete(np.full(n, s.n), start=np.full(n, s.start))
+        if isinstance(s, spaces.MultiDiscrete):
+            start = np.broadcast_to(s.start, s.nvec.shape).reshape(-1)
+            return spaces.MultiDiscrete(np.tile(s.nvec.reshape(-1), n), start=np.tile(start, n))
+        return spaces.MultiBinary(n * int(np.prod(s.shape)))
+    return tree.as_space(tree.unflatten_like(tree.space_tree(space), [joint(s) for _, s in tree.leaf_spaces(space)]))
 
 
 class Selected(nn.Module):
@@ -79,13 +117,15 @@ class Selected(nn.Module):
 
 class MAPPOPolicy(ActorCriticPolicy):
     """Acts for every agent at once: observations {obs (E, N, ...), comm_mask, active, global_state} in,
-    actions (E, N, ...) out; its actor sees E * N rows of `ACTOR_KEYS`."""
+    actions (E, N, ...) out; its actor sees E * N rows of `ACTOR_KEYS` (and their masks). With a core, each
+    env's state is (N, S, C): a row's state per agent (`state_shape`, (S, C), is one row's, as exported)."""
 
     def __init__(self, algo, worker_index: int, num_workers: int, seed: int):
         super().__init__(algo, worker_index, num_workers, seed)
-        self.central, self._acting_space = algo.central, algo.row_space(ACTOR_KEYS)
-        self.rank = len(algo.spec.observation_space.shape)
-        self.acting_method = "actor_outputs"  # the critic's inputs are training-time only
+        self.central, self._acting_space = algo.central, algo.row_space(algo.acting_keys)
+        self.num_agents = algo.spec.num_agents
+        # The critic's inputs are training-time only: acting runs the actor.
+        self.acting_method = "actor_outputs" if self.state_shape is None else "actor_step"
         self.global_state = self.central == "state"
 
     @property
@@ -95,25 +135,36 @@ class MAPPOPolicy(ActorCriticPolicy):
     def acting_outputs(self) -> tuple[str, ...]:
         return ("out",) if self.box is None else ("out", "log_std")
 
+    def initial_state(self, rows: int) -> np.ndarray | None:
+        return None if self.state_shape is None else np.zeros((rows, self.num_agents, *self.state_shape), np.float32)
+
     def forward(self, obs, state):
-        agents = obs["obs"]  # (E, N, ...)
-        lead = agents.shape[:2]
-        rows = tree.map(lambda x: x.reshape(-1, *x.shape[2:]), agent_rows(stored_obs(agents), self.rank))
-        out = self.run(self.acting_method, rows)
-        return {k: v.reshape(*lead, *v.shape[1:]) for k, v in out.items()}, None
+        E, N = obs["active"].shape
+        rows = tree.map(lambda x: x.reshape(E * N, *x.shape[2:]), agent_rows(stored_obs(obs["obs"]), 2))
+        if state is None:
+            out, after = self.run(self.acting_method, rows), None
+        else:
+            out, after = self.run(self.acting_method, rows, state.reshape(E * N, *state.shape[2:]))
+            after = after.reshape(state.shape)
+        return {k: v.reshape(E, N, *v.shape[1:]) for k, v in out.items()}, after
 
     def act(self, obs, explore: bool):
         outputs = self.infer(obs)
-        lead = obs["obs"].shape[:2]
-        actions, extras = self.rule.act({k: v.reshape(-1, *v.shape[2:]) for k, v in outputs.items()}, self.rng, explore)
-        return actions.reshape(*lead, *actions.shape[1:]), {k: v.reshape(*lead, *v.shape[1:]) for k, v in extras.items()}
+        E, N = obs["active"].shape
+        rows = {k: v.reshape(E * N, *v.shape[2:]) for k, v in outputs.items() if k != "state"}
+        actions, extras = self.rule.act(rows, self.rng, explore)
+        extras = {k: v.reshape(E, N, *v.shape[1:]) for k, v in extras.items()}
+        if "state" in outputs:
+            extras["state"] = outputs["state"]
+        return actions.reshape(E, N, *actions.shape[1:]), extras
 
     def postprocess(self, traj: Trajectory) -> tuple[Batch, None]:
-        """E envs' N agents as E * N columns of (T, E * N) arrays, with each agent's own episode ends and
-        `live`: the agent was in its episode at the step."""
+        """E envs' N agents as E * N columns of (T, E * N) arrays, with each agent's own episode ends,
+        `live` (the agent was in its episode at the step) and, with a core, each column's state before the
+        fragment's first step."""
         T, E, N = traj.rewards.shape
         ex = traj.extras
-        columns = lambda x: x.reshape(T, E * N, *x.shape[3:])  # noqa: E731 - (T, E, N, ...) -> (T, E * N, ...)
+        columns = lambda x: x.reshape(x.shape[0], E * N, *x.shape[3:])  # noqa: E731 - (T, E, N, ...) -> (T, E * N, ...)
         active, next_active = ex["active"].astype(bool), ex["next_active"].astype(bool)
         env_ended = (traj.terminated | traj.truncated)[..., None]
         left = active & ~next_active & ~env_ended  # done by its own task while the others go on
@@ -122,9 +173,9 @@ class MAPPOPolicy(ActorCriticPolicy):
         actions = ex.get("raw_action", traj.actions)
 
         def rows(obs, state):  # agent_rows as columns
-            return tree.map(columns, agent_rows(stored_obs(obs), self.rank, self.central, state))
+            return tree.map(columns, agent_rows(stored_obs(obs), 3, self.central, state))
 
-        return {
+        items = {
             "obs": rows(traj.obs, ex.get("global_state")),
             "actions": columns(actions),
             "rewards": columns(traj.rewards.astype(np.float32, copy=False)),
@@ -133,40 +184,55 @@ class MAPPOPolicy(ActorCriticPolicy):
             "next_obs": rows(traj.next_obs, ex.get("next_global_state")),
             "logp": columns(ex["logp"].astype(np.float32, copy=False)),
             "live": columns(active.astype(np.float32)),
-        }, None
+        }
+        if self.state_shape is not None:
+            items["state"] = columns(ex["state"][:1])  # (1, E * N, S, C): time-major, as fragments join
+        return items, None
 
 
 class MAPPO(PPO):
     name = "mappo"
     config = MAPPOConfig
-    model_config = ModelConfig
     multi_agent = True
     external = False
     actions = ("discrete", "box")  # what the multi-agent adapter steps
-    structured_obs = False   # one Box per agent (the adapter pads them to one shape)
     policy_cls = MAPPOPolicy
-
-    @classmethod
-    def check_spec(cls, spec: EnvSpec) -> str | None:
-        if not isinstance(spec.observation_space, spaces.Box):
-            return f"mappo needs a Box observation per agent, the env has {spec.observation_space}"
-        return super().check_spec(spec)
 
     def check_config(self) -> str | None:
         if self.central == "state" and self.spec.state_space is None:
             return ("config key 'mappo.central_input': state needs an env with a global state (PettingZoo's "
                     "state_space and state()), which this env has not: use mappo.central_input=joint")
+        image = image_leaf(self.own_space) if tree.is_structured(self.own_space) else None
+        if self.central == "joint" and image is not None:
+            return (f"config key 'mappo.central_input': joint concatenates the agents' vector leaves, and their "
+                    f"observation's leaf {image!r} is an image: use mappo.central_input=state (the env's global "
+                    "state) or mappo.critic=local")
         return None
+
+    @property
+    def masked(self) -> bool:
+        return has_mask(self.spec.observation_space)
+
+    @property
+    def own_space(self):
+        """One agent's observation space without its action mask."""
+        return without_mask(self.spec.observation_space)
 
     def row_space(self, keys: tuple[str, ...]) -> spaces.Dict:
         """The space of the leaves `keys` of a row's observation (`agent_rows`)."""
-        obs, n = self.spec.observation_space, self.spec.num_agents
-        joint = spaces.Box(np.tile(obs.low.reshape(-1), n), np.tile(obs.high.reshape(-1), n), dtype=obs.dtype)
-        every = {"own": obs, "agent": spaces.Discrete(n), "joint": joint, "state": self.spec.state_space}
+        own, n = self.own_space, self.spec.num_agents
+        every = {"own": own, "agent": spaces.Discrete(n), "joint": joint_space(own, n), "state": self.spec.state_space}
+        if self.masked:
+            every[tree.MASK_KEY] = self.spec.observation_space.spaces[tree.MASK_KEY]
         return spaces.Dict({k: every[k] for k in keys})
 
     def torso_spaces(self) -> list:
         return [self.row_space(ACTOR_KEYS), self.row_space(self.critic_keys)]
+
+    @property
+    def acting_keys(self) -> tuple[str, ...]:
+        """What an agent's row holds when it acts: `ACTOR_KEYS` and its mask, where the env has one."""
+        return ACTOR_KEYS + ((tree.MASK_KEY,) if self.masked else ())
 
     @property
     def central(self) -> str | None:
@@ -177,10 +243,6 @@ class MAPPO(PPO):
     def critic_keys(self) -> tuple[str, ...]:
         return (self.central, "agent") if self.central else ACTOR_KEYS
 
-    @property
-    def recurrent(self) -> bool:
-        return False
-
     def build_network(self) -> ActorCriticNet:
         act = self.spec.action_space
         box, factors = isinstance(act, spaces.Box), action_factors(act)
@@ -188,4 +250,5 @@ class MAPPO(PPO):
         actor, critic = ACTOR_KEYS, self.critic_keys
         pi_torso = Selected(actor, make_torso(self.row_space(actor), self.model, self.image_torso))
         v_torso = Selected(critic, make_torso(self.row_space(critic), self.model, self.image_torso))
-        return ActorCriticNet(pi_torso, v_torso, out_dim, box, factors)
+        core = RecurrentCore(self.model.core, pi_torso.out_features, self.model.core_size) if self.recurrent else None
+        return ActorCriticNet(pi_torso, v_torso, out_dim, box, factors, core)

@@ -10,8 +10,9 @@ Meaning of the arrays after a step:
   At the episode's last step, agents cut by the end (truncation, or still acting when the
   episode terminates) stay True: their observation rows are the final observations a learner
   bootstraps from.
-- `obs[i]` is zero where `active[i]` is False; `rewards[i]` is the reward of the step for every
-  agent that was active before it (including the step on which it leaves), 0 otherwise.
+- `obs[i]` is zero where `active[i]` is False (an action mask allows every action there);
+  `rewards[i]` is the reward of the step for every agent that was active before it (including the
+  step on which it leaves), 0 otherwise.
 - `comm_mask[i, j]`: i may receive a message from j. Always False on the diagonal and for
   inactive agents (rows and columns). It is computed from the env state at each step so a
   worker can store it with the experience and the learner can reuse it on replay.
@@ -20,9 +21,11 @@ Meaning of the arrays after a step:
 
 `ParallelEnvAdapter` wraps any PettingZoo `ParallelEnv`:
 - Agents are indexed in `possible_agents` order. Agents absent from `env.agents` are inactive.
-- Observation spaces must be `Box`. If every agent has the same shape it is kept (so an image
-  stays (C, H, W)); if shapes differ, every observation is flattened and zero-padded at the end
-  to the largest size (bounds padded with 0). Action spaces must be `Discrete` of one size
+- Observations: a Box, or a Dict or Tuple of leaves, with an action mask (`env.action_mask`), made
+  one space for every agent by `distrl.envs.multiagent_obs`: a Box of one shape for every agent is
+  kept (so an image stays (C, H, W)); of differing shapes it is flattened and zero-padded at the end
+  to the largest size (bounds padded with 0); a structured observation follows that rule leaf by
+  leaf, `obs` then being a tree of (N, ...) arrays. Action spaces must be `Discrete` of one size
   (actions are 0-based: the space's `start` is added for the env), or one `Box` shared by every
   agent (MPE's `continuous_actions: true`; actions (N, *shape)).
 - Episode end: when no agent is live. `terminated` if every agent that was live before the last
@@ -56,15 +59,17 @@ import numpy as np
 from gymnasium import spaces
 from pettingzoo.utils.env import ParallelEnv
 
+from distrl import tree
 from distrl.envs.comm import comm_limits_problem, comm_mask_from_positions, env_positions
 from distrl.envs.factory import EnvError, import_module_of
+from distrl.envs.multiagent_obs import AgentObservations
 
 
 @dataclass
 class MAStep:
     """What a reset or step returns; the arrays are (N, ...) over all agents (module docstring)."""
 
-    obs: np.ndarray
+    obs: np.ndarray  # or a tree of (N, ...) arrays (`distrl.tree`) for a structured observation
     rewards: np.ndarray
     terminated: bool
     truncated: bool
@@ -75,10 +80,11 @@ class MAStep:
 
 
 class MultiAgentEnv(abc.ABC):
-    """N agents sharing one observation space and one action space (Discrete, or a Box for MAPPO)."""
+    """N agents sharing one observation space (a Box; Dict and Tuple ones for MAPPO) and one action space
+    (Discrete, or a Box for MAPPO)."""
 
     num_agents: int
-    observation_space: spaces.Box
+    observation_space: spaces.Space
     action_space: spaces.Discrete
     state_space: spaces.Box | None = None
     """The space of `MAStep.state` (float32), None for an env without a global state."""
@@ -111,7 +117,8 @@ class ParallelEnvAdapter(MultiAgentEnv):
     """A PettingZoo ParallelEnv as a `MultiAgentEnv` (rules in the module docstring)."""
 
     def __init__(self, env: Any, comm_fn: Callable[[Any, np.ndarray], np.ndarray] | None = None,
-                 comm_k: int | None = None, comm_radius: float | None = None):
+                 comm_k: int | None = None, comm_radius: float | None = None, obs_keys: list | None = None,
+                 action_mask: str = "auto"):
         self.env = env
         self.agent_ids = list(env.possible_agents)
         self.num_agents = len(self.agent_ids)
@@ -121,17 +128,14 @@ class ParallelEnvAdapter(MultiAgentEnv):
         problem = comm_limits_problem(env, comm_k, comm_radius, comm_fn)
         if problem:
             raise EnvError(problem)
-        self._setup_spaces()
+        self._setup_spaces(obs_keys, action_mask)
         self.state_space = _state_space(env)
         self._live = np.zeros(self.num_agents, bool)
         self._returns = np.zeros(self.num_agents, np.float64)
-        self._over = True
+        self._over, self._steps = True, 0
 
-    def _setup_spaces(self) -> None:
-        obs_spaces = [self.env.observation_space(a) for a in self.agent_ids]
+    def _setup_spaces(self, obs_keys: list | None, action_mask: str) -> None:
         act_spaces = [self.env.action_space(a) for a in self.agent_ids]
-        if not all(isinstance(s, spaces.Box) for s in obs_spaces):
-            raise EnvError(f"observation spaces must be Box, got {sorted({type(s).__name__ for s in obs_spaces})}")
         self._box = all(isinstance(s, spaces.Box) for s in act_spaces)
         if self._box:  # continuous actions (MPE's continuous_actions): one Box, the same for every agent
             if any(s != act_spaces[0] for s in act_spaces):
@@ -142,30 +146,11 @@ class ParallelEnvAdapter(MultiAgentEnv):
         else:
             self._starts = [int(s.start) for s in act_spaces]
             self.action_space = spaces.Discrete(int(act_spaces[0].n))
-        shapes = {s.shape for s in obs_spaces}
-        self._flatten = len(shapes) > 1  # differing shapes: flatten and zero-pad to the largest
-        if not self._flatten:
-            s = obs_spaces[0]
-            low, high = s.low.astype(np.float32), s.high.astype(np.float32)
-        else:
-            size = max(int(np.prod(s.shape)) for s in obs_spaces)
-            low, high = np.zeros(size, np.float32), np.zeros(size, np.float32)
-            for s in obs_spaces:
-                m = int(np.prod(s.shape))
-                low[:m] = np.minimum(low[:m], s.low.ravel())
-                high[:m] = np.maximum(high[:m], s.high.ravel())
-        self.observation_space = spaces.Box(low, high, dtype=np.float32)
+        self._observations = AgentObservations(self.env, self.agent_ids, self.action_space, obs_keys, action_mask)
+        self.observation_space = self._observations.space
 
-    def _obs_array(self, obs: dict) -> np.ndarray:
-        out = np.zeros((self.num_agents,) + self.observation_space.shape, np.float32)
-        for i, a in enumerate(self.agent_ids):
-            if self._live[i] and a in obs:
-                o = np.asarray(obs[a], np.float32)
-                if self._flatten:
-                    out[i, :o.size] = o.ravel()
-                else:
-                    out[i] = o
-        return out
+    def _obs_array(self, obs: dict, infos: dict | None) -> tree.Tree:
+        return self._observations.stack(obs, infos or {}, self._live, self._steps)
 
     def comm_mask(self) -> np.ndarray:
         active = self._live
@@ -184,12 +169,12 @@ class ParallelEnvAdapter(MultiAgentEnv):
         return mask
 
     def reset(self, seed: int | None = None) -> MAStep:
-        obs, _ = self.env.reset(seed=seed)
+        obs, infos = self.env.reset(seed=seed)
         live = set(self.env.agents)
         self._live = np.array([a in live for a in self.agent_ids])
         self._returns[:] = 0.0
-        self._over = False
-        return MAStep(self._obs_array(obs), np.zeros(self.num_agents, np.float32), False, False,
+        self._over, self._steps = False, 0
+        return MAStep(self._obs_array(obs, infos), np.zeros(self.num_agents, np.float32), False, False,
                       self._live.copy(), self.comm_mask(), {}, self._state())
 
     def step(self, actions: np.ndarray) -> MAStep:
@@ -211,9 +196,10 @@ class ParallelEnvAdapter(MultiAgentEnv):
             live = before & ~terms  # agents cut by the end keep their final observation
         self._live = live
         self._returns += rewards
+        self._steps += 1
         truncated = self._over and bool(live.any())
         info = self._episode_info(infos) if self._over else {}
-        return MAStep(self._obs_array(obs), rewards, self._over and not truncated, truncated,
+        return MAStep(self._obs_array(obs, infos), rewards, self._over and not truncated, truncated,
                       live.copy(), self.comm_mask(), info, self._state())
 
     def _state(self) -> np.ndarray | None:
@@ -340,10 +326,12 @@ def _construct(obj: Any, env_id: str, kwargs: dict[str, Any] | None) -> tuple[An
             refused[key] = kwargs.pop(key)
 
 
-def make_multiagent_env(env_id: str, kwargs: dict[str, Any] | None = None) -> MultiAgentEnv:
+def make_multiagent_env(env_id: str, kwargs: dict[str, Any] | None = None, obs_keys: list | None = None,
+                        action_mask: str = "auto") -> MultiAgentEnv:
     """Build `env_id`: a `MultiAgentEnv` class, a module exposing `parallel_env(**kwargs)`, or a
     callable returning a ParallelEnv or a MultiAgentEnv. `comm_k` and `comm_radius` in `kwargs`
-    go to the env when its constructor takes them, else to the PettingZoo adapter."""
+    go to the env when its constructor takes them, else to the PettingZoo adapter; `obs_keys` and
+    `action_mask` (env.obs_keys, env.action_mask) to the adapter."""
     obj = _resolve(env_id)
     if inspect.ismodule(obj):
         if not callable(getattr(obj, "parallel_env", None)):
@@ -356,6 +344,11 @@ def make_multiagent_env(env_id: str, kwargs: dict[str, Any] | None = None) -> Mu
         if adapter_kwargs:
             env.close()
             raise EnvError(f"config key 'env.kwargs': {env_id} takes no {', '.join(adapter_kwargs)}")
+        if obs_keys is not None or action_mask in ("obs", "info"):
+            env.close()
+            key = "env.obs_keys" if obs_keys is not None else "env.action_mask"
+            raise EnvError(f"config key '{key}': {env_id} is a distrl MultiAgentEnv, whose observations are its "
+                           "own (these keys are for PettingZoo envs)")
         return env
     if not _is_parallel_env(env):
         raise EnvError(f"config key 'env.id': {env_id!r} built a {type(env).__name__}, "
@@ -365,6 +358,7 @@ def make_multiagent_env(env_id: str, kwargs: dict[str, Any] | None = None) -> Mu
         env.close()
         raise EnvError(f"config key 'env.kwargs': {env_id}: {problem}")
     try:
-        return ParallelEnvAdapter(env, **adapter_kwargs)
+        return ParallelEnvAdapter(env, **adapter_kwargs, obs_keys=obs_keys, action_mask=action_mask)
     except EnvError as e:
-        raise EnvError(f"config key 'env.id': {env_id}: {e}") from None
+        keyed = str(e).startswith("config key")
+        raise EnvError(f"{e} ({env_id})" if keyed else f"config key 'env.id': {env_id}: {e}") from None

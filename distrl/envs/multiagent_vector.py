@@ -1,6 +1,7 @@
 """A vector of multi-agent envs stepped in one process, with the same step interface as `VectorEnv`.
 
-What the policy acts on, `obs`, is a dict of (E, ...) arrays: `obs` (E, N, *obs_shape), `comm_mask`
+What the policy acts on, `obs`, is a dict of (E, ...) arrays: `obs` (E, N, *obs_shape; a tree of such
+arrays for a structured observation, `distrl.tree`), `comm_mask`
 (E, N, N), `active` (E, N) and, for an env with a global state (`MAStep.state`) stepped `with_state`,
 `global_state` (E, *state_shape): only a policy that reads it has it sent to its inference and fragments. `step` returns the true next observation of every env as such a dict (the final one
 where an episode ended, before the env is reset for the next act), per-agent rewards (E, N), the
@@ -12,12 +13,18 @@ from typing import Any
 
 import numpy as np
 
+from distrl import tree
 from distrl.envs.multiagent import MAStep, make_multiagent_env
+
+
+def _stored(x) -> np.ndarray:
+    x = np.asarray(x)
+    return x.astype(np.float32, copy=False) if x.dtype.kind == "f" else x
 
 
 def policy_fields(step: MAStep, with_state: bool = True) -> dict[str, np.ndarray]:
     """One env's step as the policy reads it (unstacked: the module docstring's dict without E)."""
-    fields = {"obs": np.asarray(step.obs, np.float32), "comm_mask": step.comm_mask, "active": step.active}
+    fields = {"obs": tree.map(_stored, step.obs), "comm_mask": step.comm_mask, "active": step.active}
     if with_state and step.state is not None:
         fields["global_state"] = step.state
     return fields
@@ -25,12 +32,12 @@ def policy_fields(step: MAStep, with_state: bool = True) -> dict[str, np.ndarray
 
 class MultiAgentVectorEnv:
     """E multi-agent envs; env i is seeded with `seed + i` on its first reset; `with_state`: observations
-    hold the env's global state where it has one."""
+    hold the env's global state where it has one; `obs_keys`, `action_mask`: env.obs_keys, env.action_mask."""
 
     def __init__(self, env_id: str, num_envs: int, seed: int, kwargs: dict[str, Any] | None = None,
-                 with_state: bool = True):
+                 with_state: bool = True, obs_keys: list | None = None, action_mask: str = "auto"):
         self.with_state = with_state
-        self.envs = [make_multiagent_env(env_id, kwargs) for _ in range(num_envs)]
+        self.envs = [make_multiagent_env(env_id, kwargs, obs_keys, action_mask) for _ in range(num_envs)]
         self.num_envs = num_envs
         self.num_agents = self.envs[0].num_agents
         self.observation_space, self.action_space = self.envs[0].observation_space, self.envs[0].action_space
@@ -43,8 +50,7 @@ class MultiAgentVectorEnv:
         self.errored = np.zeros(num_envs, bool)
 
     def _stack(self, steps: list[MAStep]) -> dict[str, np.ndarray]:
-        fields = [policy_fields(s, self.with_state) for s in steps]
-        return {k: np.stack([f[k] for f in fields]) for k in fields[0]}
+        return tree.stack([policy_fields(s, self.with_state) for s in steps])
 
     @staticmethod
     def fields(obs: dict, prefix: str) -> dict:
@@ -71,14 +77,14 @@ class MultiAgentVectorEnv:
         try:
             step = self.envs[i].step(actions)
             finite = [step.rewards, step.obs] + ([] if step.state is None else [step.state])
-            if not all(np.isfinite(x).all() for x in finite):
+            if not all(tree.all_finite(x) for x in finite):
                 raise FloatingPointError("non-finite observation, state or reward")
             return step
         except Exception:  # noqa: BLE001 - any env bug: end the episode, keep the run going
             self.env_errors += 1
             self.errored[i] = True
             n = self.num_agents
-            last = {k: v[i] for k, v in self.obs.items()}
+            last = tree.index(self.obs, i)
             return MAStep(last["obs"], np.zeros(n, np.float32), False, True, last["active"], last["comm_mask"], {},
                           last.get("global_state"))
 
@@ -92,15 +98,14 @@ class MultiAgentVectorEnv:
         truncated = np.array([s.truncated for s in steps])
         self.episode_return += rewards
         self.episode_length += 1
-        finished, now = [], {k: v.copy() for k, v in nxt.items()}
+        finished, now = [], tree.copy(nxt)
         for i in np.flatnonzero(terminated | truncated):
             ret = float(self.episode_return[i].mean())  # an episode's return: the mean over its agents
             finished.append((ret, int(self.episode_length[i])))
             self.episode_return_at_end[i] = ret
             self.episode_info[i] = dict(steps[i].info, return_mean=ret)
             self.episode_return[i], self.episode_length[i] = 0.0, 0
-            for k, v in policy_fields(self.envs[i].reset(), self.with_state).items():
-                now[k][i] = v
+            tree.assign(now, i, policy_fields(self.envs[i].reset(), self.with_state))
         self.obs = now
         return nxt, rewards, terminated, truncated, finished
 

@@ -79,16 +79,21 @@ def _odd_key(space) -> str | None:
 
 
 def _select(env: gym.Env, env_id: str, keys) -> gym.Env:
-    space = env.observation_space
+    check_obs_keys(env.observation_space, keys, f"{env_id}'s")
+    return gym.wrappers.FilterObservation(env, keys)
+
+
+def check_obs_keys(space, keys, whose: str) -> None:
+    """EnvError unless `keys` (env.obs_keys) are keys of the Dict observation `space` (`whose`, for a message:
+    "CartPole-v1's")."""
     if not isinstance(space, spaces.Dict):
-        raise EnvError(f"config key 'env.obs_keys': selects keys of a Dict observation; {env_id}'s is {space}")
+        raise EnvError(f"config key 'env.obs_keys': selects keys of a Dict observation; {whose} is {space}")
     if not isinstance(keys, list) or not keys or not all(isinstance(k, str) for k in keys):
         raise EnvError(f"config key 'env.obs_keys': a list of key names, got {keys!r}")
     missing = [k for k in keys if k not in space.spaces]
     if missing:
-        raise EnvError(f"config key 'env.obs_keys': {env_id}'s observation has no key {missing[0]!r} "
+        raise EnvError(f"config key 'env.obs_keys': {whose} observation has no key {missing[0]!r} "
                        f"(its keys: {', '.join(space.spaces)})")
-    return gym.wrappers.FilterObservation(env, keys)
 
 
 def _mask_source(env: gym.Env, env_id: str, asked: str) -> str:

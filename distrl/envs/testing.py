@@ -1,12 +1,14 @@
 """Environments for tests: faults (FlakyCartPole-v1, NaNCartPole-v1, HugeRewardCartPole-v1), one paced by
 the clock (WaitingCartPole-v1) and two with a Dict observation (DictCartPole-v1, DictPendulum-v1). Use
-as env.id "distrl.envs.testing:<name>"."""
+as env.id "distrl.envs.testing:<name>". Two PettingZoo ParallelEnvs for MAPPO: MaskedAgents (action masks)
+and CueMemory (memory)."""
 from __future__ import annotations
 
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 from gymnasium.envs.classic_control import CartPoleEnv, PendulumEnv
+from pettingzoo.utils.env import ParallelEnv
 
 
 class SeededFaults(CartPoleEnv):
@@ -151,3 +153,107 @@ class DictPendulum(PendulumEnv):
 
 if "DictPendulum-v1" not in gym.envs.registry:
     gym.register("DictPendulum-v1", entry_point=DictPendulum, max_episode_steps=200)
+
+
+# --- multi-agent (PettingZoo ParallelEnvs, for MAPPO; env.id "distrl.envs.testing:<name>") ------------------
+class MaskedAgents(ParallelEnv):
+    """Each agent's step allows a random half of 6 actions: a legal action earns 1, an illegal one -100 and
+    ends the episode for every agent, so a team that only acts masked returns exactly `length` per agent.
+    The mask is each agent's Dict observation's `action_mask` key (PettingZoo classic's layout: `observation`
+    and `action_mask`, an int8 Box), or with `mask_in: info` its `infos[agent]["action_mask"]` beside a Box
+    observation. Agent i's observation has `sizes[i % len(sizes)]` entries (differing sizes: the adapter pads)."""
+
+    metadata = {"name": "masked_agents_v0", "is_parallelizable": True}
+
+    def __init__(self, num_agents: int = 2, length: int = 20, mask_in: str = "obs", sizes: list | None = None):
+        self.possible_agents = [f"agent_{i}" for i in range(num_agents)]
+        self.agents: list[str] = []
+        self.length, self.mask_in, self.sizes = length, mask_in, list(sizes or [3])
+        self.np_random = np.random.default_rng()
+
+    def _size(self, agent: str) -> int:
+        return self.sizes[self.possible_agents.index(agent) % len(self.sizes)]
+
+    def observation_space(self, agent):
+        box = spaces.Box(-1, 1, (self._size(agent),), np.float32)
+        if self.mask_in == "info":
+            return box
+        return spaces.Dict({"observation": box, "action_mask": spaces.Box(0, 1, (6,), np.int8)})
+
+    def action_space(self, agent):
+        return spaces.Discrete(6)
+
+    def _observe(self):
+        self.masks = {a: np.zeros(6, np.int8) for a in self.agents}
+        obs, infos = {}, {}
+        for a in self.agents:
+            self.masks[a][self.np_random.permutation(6)[:3]] = 1
+            x = self.np_random.uniform(-1, 1, self._size(a)).astype(np.float32)
+            obs[a] = x if self.mask_in == "info" else {"observation": x, "action_mask": self.masks[a].copy()}
+            infos[a] = {"action_mask": self.masks[a].copy()} if self.mask_in == "info" else {}
+        return obs, infos
+
+    def reset(self, seed=None, options=None):
+        if seed is not None:
+            self.np_random = np.random.default_rng(seed)
+        self.agents, self.t = list(self.possible_agents), 0
+        return self._observe()
+
+    def step(self, actions):
+        self.t += 1
+        legal = {a: bool(self.masks[a][int(actions[a])]) for a in self.agents}
+        rewards = {a: 1.0 if legal[a] else -100.0 for a in self.agents}
+        over = not all(legal.values())
+        term = {a: over for a in self.agents}
+        trunc = {a: not over and self.t >= self.length for a in self.agents}
+        obs, infos = self._observe()
+        if over or self.t >= self.length:
+            self.agents = []
+        return obs, rewards, term, trunc, infos
+
+
+class CueMemory(ParallelEnv):
+    """Memory for a team: each agent sees its own cue (one of 2) at the episode's first step only, then
+    nothing but the time, and at the last of `length` steps earns 1 for the action matching its cue (0 for
+    the other; every earlier step earns 0). An agent that remembers returns 1, one that cannot 0.5 at best."""
+
+    metadata = {"name": "cue_memory_v0", "is_parallelizable": True}
+
+    def __init__(self, num_agents: int = 2, length: int = 4):
+        self.possible_agents = [f"agent_{i}" for i in range(num_agents)]
+        self.agents: list[str] = []
+        self.length = length
+        self.np_random = np.random.default_rng()
+
+    def observation_space(self, agent):
+        return spaces.Box(0, 1, (2 + self.length,), np.float32)  # the cue's one-hot, then the step's
+
+    def action_space(self, agent):
+        return spaces.Discrete(2)
+
+    def _observe(self):
+        obs = {}
+        for i, a in enumerate(self.agents):
+            x = np.zeros(2 + self.length, np.float32)
+            if self.t == 0:
+                x[self.cues[i]] = 1.0
+            x[2 + self.t] = 1.0
+            obs[a] = x
+        return obs
+
+    def reset(self, seed=None, options=None):
+        if seed is not None:
+            self.np_random = np.random.default_rng(seed)
+        self.agents, self.t = list(self.possible_agents), 0
+        self.cues = self.np_random.integers(0, 2, len(self.agents))
+        return self._observe(), {a: {} for a in self.agents}
+
+    def step(self, actions):
+        last = self.t == self.length - 1
+        rewards = {a: float(last and int(actions[a]) == self.cues[i]) for i, a in enumerate(self.agents)}
+        done, cut = {a: last for a in self.agents}, {a: False for a in self.agents}
+        self.t = min(self.t + 1, self.length - 1)  # the final observation: the last step's again
+        obs = self._observe()
+        if last:
+            self.agents = []
+        return obs, rewards, done, cut, {}

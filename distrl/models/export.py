@@ -8,13 +8,14 @@ branch of its acting rule (`distrl.sampling`) written in torch: argmax for Q-val
 mapping of a Gaussian's mean (tanh'd for SAC's). Outputs: `action`, then the policy's `acting_outputs()`
 ("q"; "out", "value", "log_std"; "mean", "log_std"), batch axis first and dynamic. The inputs are those of
 the policy's `acting_space`: the env's observation, or for MAPPO one agent's row of its actor, `agent` (its
-index, int64) and `own` (its observation), each agent one row of the batch (the central critic's inputs
+index, int64), `own` (its observation, one input per leaf of a structured one) and its `action_mask` where
+the env masks, each agent one row of the batch (the central critic's inputs
 are training-time only: the file has no value output). ONNX is written by
 torch's TorchScript-based exporter (`dynamo=False`, which needs the `onnx` package: `pip install
 distrl[onnx]`): ~0.1 s for an MLP against ~2.5 s for the dynamo exporter (which also needs onnxscript),
 which matters where a server exports every new version for clients that act locally.
 
-A recurrent policy (PPO, A2C, A3C or IMPALA with a `model.core`, and R2D2) exports one step of its network: the file
+A recurrent policy (the on-policy family with a `model.core`, and R2D2) exports one step of its network: the file
 takes the state as one more input, `state`, float32 (batch, S, C) (S = 2 for an LSTM's h and c, 1 for a
 GRU's h; C = model.core_size), after the observation input(s), and returns the state after the step as one
 more output, `state_out`, after the others. The caller keeps one state per env: zeros at each episode's

@@ -18,7 +18,7 @@ def spec_of(env_cfg, multi_agent: bool, external=None) -> EnvSpec:
                         normalize=env_cfg.normalize, obs_keys=env_cfg.obs_keys, action_mask=env_cfg.action_mask)
     from distrl.envs.multiagent import make_multiagent_env
 
-    env = make_multiagent_env(env_cfg.id, env_cfg.kwargs)
+    env = make_multiagent_env(env_cfg.id, env_cfg.kwargs, env_cfg.obs_keys, env_cfg.action_mask)
     try:
         return multiagent_spec(env)
     finally:
@@ -57,7 +57,8 @@ def make_vector_env(env_id: str, num_envs: int, seed: int, kwargs: dict | None, 
     if is_multi_agent:
         from distrl.envs.multiagent_vector import MultiAgentVectorEnv
 
-        return MultiAgentVectorEnv(env_id, num_envs, seed, kwargs, with_state=global_state)
+        return MultiAgentVectorEnv(env_id, num_envs, seed, kwargs, with_state=global_state, obs_keys=obs_keys,
+                                   action_mask=action_mask)
     return VectorEnv(env_id, num_envs, seed, kwargs, wrappers=wrappers, preset=preset, training=training,
                      normalize=normalize, weights=statistics, obs_keys=obs_keys, action_mask=action_mask)
 

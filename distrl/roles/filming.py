@@ -12,6 +12,7 @@ import tempfile
 
 import numpy as np
 
+from distrl import tree
 from distrl.core import Policy
 from distrl.envs import EnvError
 from distrl.observe.video import Mp4Writer, VideoError, check_frame, fps_of
@@ -29,9 +30,9 @@ def render_env(env_cfg, multi_agent: bool, statistics: dict | None = None):
         from distrl.envs.multiagent import make_multiagent_env
 
         try:
-            env = make_multiagent_env(env_cfg.id, kwargs)
+            env = make_multiagent_env(env_cfg.id, kwargs, env_cfg.obs_keys, env_cfg.action_mask)
         except EnvError:  # an env that renders itself takes no render_mode (the MAPF gridworld)
-            env = make_multiagent_env(env_cfg.id, env_cfg.kwargs)
+            env = make_multiagent_env(env_cfg.id, env_cfg.kwargs, env_cfg.obs_keys, env_cfg.action_mask)
         if not callable(getattr(env, "render", None)):
             env.close()
             raise VideoError(f"env {env_cfg.id} has no rgb_array rendering (no render() method)")
@@ -52,7 +53,7 @@ def _batch(step, space, multi_agent: bool):
     if multi_agent:
         from distrl.envs.multiagent_vector import policy_fields
 
-        return {k: np.asarray(v)[None] for k, v in policy_fields(step).items()}
+        return tree.map(lambda v: np.asarray(v)[None], policy_fields(step))
     return np.asarray(step)[None].astype(space.dtype or np.float32, copy=False)
 
 

@@ -370,7 +370,7 @@ def test_a_model_given_in_part_keeps_the_algorithms_own_defaults(tmp_path):
     assert load_config(None, ["algo=ppo"]).model.core == "none"  # the on-policy family's core is optional
     assert load_config(None, ["algo=ppo", "model.core=gru"]).model.core == "gru"
     with pytest.raises(ConfigError, match=r"^config key 'model.core': sac has no recurrent core \(model.core is "
-                       r"for r2d2, dhc, a2c, a3c, ppo, impala\)$"):
+                       r"for r2d2, dhc, a2c, a3c, ppo, mappo, impala\)$"):
         load_config(None, ["algo=sac", "model.core=gru"])
 
 
