@@ -126,8 +126,9 @@ def _minigrid_row() -> tuple[str, str, str, str]:
     return ("PPO on MiniGrid-DoorKey-5x5 (Dict observation, 0.9)",
             f"{ours['solved']}/{ours['runs']} seeds, median {_s(ours['median_unsolved_as_budget_s'])} of {_s(budget)}",
             f"Stable-Baselines3 PPO, rl-zoo settings: {_sb3_against(summary, budget)}; MultiInputPolicy on the "
-            f"same Dict (rl-zoo's numbers otherwise): {_sb3_against(load('sb3_minigrid_multi_input.json')['summary'], budget)}",
-            "sb3_minigrid, sb3_minigrid_multi_input")
+            f"same Dict (rl-zoo's numbers otherwise): {_sb3_against(load('sb3_minigrid_multi_input.json')['summary'], budget)}; "
+            f"with distrl's settings: {_sb3_against(load('sb3_minigrid_same.json')['summary'], budget)}",
+            "sb3_minigrid, sb3_minigrid_multi_input, sb3_minigrid_same")
 
 
 def _taxi_ppo_row() -> tuple[str, str, str, str]:
