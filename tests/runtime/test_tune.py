@@ -164,6 +164,26 @@ def _run_dirs(sweep_dir: str) -> dict[int, str]:
     return {int(n.split("_")[1]): os.path.join(root, n) for n in names}
 
 
+def _stop_between_state_writes(pid: int, tune_dir: str, timeout_s: float = 30.0) -> None:
+    """SIGSTOP the sweep's driver (Tune writes its state files there) at a moment both newest ones read whole:
+    a stopped process writes nothing, so the kill that follows cuts none."""
+    import signal
+
+    from distrl.config import ConfigError
+    from distrl.runtime.tune import _check_tune_state
+
+    deadline = time.time() + timeout_s
+    while True:
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            _check_tune_state(tune_dir)
+            return
+        except ConfigError:  # mid-write: let it finish
+            assert time.time() < deadline, "Tune's state files never read whole"
+            os.kill(pid, signal.SIGCONT)
+            time.sleep(0.05)
+
+
 def _rows(run_dir: str) -> int:
     path = os.path.join(run_dir, "metrics.csv")
     return max(0, len(open(path).readlines()) - 1) if os.path.exists(path) else 0
@@ -177,8 +197,10 @@ def test_a_killed_sweep_resumes_without_running_finished_trials_again(tmp_path, 
                             stderr=subprocess.DEVNULL)
     try:
         # Killed once the second trial has logged a row (half its steps): the first finished before Tune
-        # started it, and Tune's own state files, written as it starts a trial, are whole by then.
+        # started it. Tune rewrites its state files as it goes; a kill while it copies one into place is the
+        # test's last part, so here the driver is killed between two writes.
         _wait_for(lambda: 1 in _run_dirs(sweep_dir) and _rows(_run_dirs(sweep_dir)[1]) > 0, 240, proc)
+        _stop_between_state_writes(proc.pid, os.path.join(sweep_dir, "tune"))
     finally:
         kill_session(proc.pid)  # the driver and every process it and its Ray started
         proc.wait()
