@@ -185,6 +185,11 @@ def mask_of(obs: Tree):
     return obs.get(MASK_KEY) if isinstance(obs, dict) else None
 
 
+def has_mask(space) -> bool:
+    """The observation space has an `action_mask` leaf (a Dict with that key)."""
+    return isinstance(space, spaces.Dict) and MASK_KEY in space.spaces
+
+
 def unflatten_like(tree: Tree, values: list) -> Tree:
     """A tree of `tree`'s structure holding `values` at its leaves, in order."""
     return optree.tree_unflatten(optree.tree_structure(tree), values)

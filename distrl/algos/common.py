@@ -49,7 +49,7 @@ def spec_problem(name: str, spec, actions: tuple[str, ...], vector_only: bool = 
         from distrl.registry import ALGORITHMS, algorithm
 
         takers = [n for n in ALGORITHMS if getattr(algorithm(n), "structured_obs", False)]
-        masked = isinstance(obs, spaces.Dict) and tree.MASK_KEY in obs.spaces
+        masked = tree.has_mask(obs)
         hint = " (env.action_mask: none trains without the env's action mask)" if masked else ""
         return (f"{name} takes Box observations; structured ones (Dict, Tuple, an action mask) are for "
                 f"{_listed(takers, 'and')}, the env has {obs}{hint}")

@@ -46,7 +46,7 @@ from distrl.algos.common import stored_obs
 from distrl.algos.ppo import PPO, PPOConfig
 from distrl.config.fields import f
 from distrl.core import Batch, Trajectory
-from distrl.envs.multiagent_obs import has_mask, without_mask
+from distrl.envs.multiagent_obs import without_mask
 from distrl.models import RecurrentCore, make_torso
 from distrl.models.multi_input import image_leaf
 
@@ -211,7 +211,7 @@ class MAPPO(PPO):
 
     @property
     def masked(self) -> bool:
-        return has_mask(self.spec.observation_space)
+        return tree.has_mask(self.spec.observation_space)
 
     @property
     def own_space(self):

@@ -171,21 +171,16 @@ def _selected(space, keys: list | None):
     return spaces.Dict({k: space.spaces[k] for k in keys})
 
 
-def has_mask(space) -> bool:
-    """The space is a Dict with an `action_mask` key."""
-    return isinstance(space, spaces.Dict) and MASK_KEY in space.spaces
-
-
 def without_mask(space):
     """A Dict space without its `action_mask` key; any other space as it is."""
-    return spaces.Dict({k: s for k, s in space.spaces.items() if k != MASK_KEY}) if has_mask(space) else space
+    return spaces.Dict({k: s for k, s in space.spaces.items() if k != MASK_KEY}) if tree.has_mask(space) else space
 
 
 def _mask_source(env, agent_spaces: list, action_space, asked: str) -> str:
     """Where the agents' masks come from: `asked`, with auto resolved (a reset's infos tell)."""
     if asked not in MASK_SOURCES:
         raise EnvError(f"config key 'env.action_mask': one of {', '.join(MASK_SOURCES)}, got {asked!r}")
-    in_obs = [has_mask(s) for s in agent_spaces]
+    in_obs = [tree.has_mask(s) for s in agent_spaces]
     if asked == "none":
         return asked
     if any(in_obs) and not all(in_obs):

@@ -205,7 +205,7 @@ def _kind(space) -> type:
 def mask_problem(observation_space, action_space) -> str | None:
     """What is wrong with an observation's `action_mask` leaf (`distrl.tree.MASK_KEY`) for `action_space`, or
     None (none, or one entry per logit: a MultiBinary of `mask_size` entries)."""
-    if not isinstance(observation_space, spaces.Dict) or tree.MASK_KEY not in observation_space.spaces:
+    if not tree.has_mask(observation_space):
         return None
     size, mask = mask_size(action_space), observation_space[tree.MASK_KEY]
     if size is None:

@@ -100,7 +100,7 @@ def _mask_source(env: gym.Env, env_id: str, asked: str) -> str:
     """Where the mask comes from: `asked`, with auto resolved (a reset's info tells whether it has one)."""
     if asked not in MASK_SOURCES:
         raise EnvError(f"config key 'env.action_mask': one of {', '.join(MASK_SOURCES)}, got {asked!r}")
-    in_obs = isinstance(env.observation_space, spaces.Dict) and MASK_KEY in env.observation_space.spaces
+    in_obs = tree.has_mask(env.observation_space)
     if asked == "obs" and not in_obs:
         raise EnvError(f"config key 'env.action_mask': obs takes the observation's {MASK_KEY!r} key; "
                        f"{env_id}'s observation is {env.observation_space}")
