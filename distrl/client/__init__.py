@@ -17,8 +17,9 @@ its `action_mask` key. Actions are ints (Discrete) or arrays (Box, MultiDiscrete
 Two inference modes: `remote` (the server runs the policy and answers each `get_action`) and `local`
 (the client pulls the newest weights as an ONNX file every `weights_interval_s` and acts itself with
 onnxruntime, sending its experience in batches of `send_steps` steps: by default 256, or 64 acting calls'
-rows for a simulator acting for many episodes at once, whichever is more). Imports numpy and msgpack only
-(and onnxruntime for local inference): no torch, no Ray.
+rows for a simulator acting for many episodes at once, whichever is more). For a recurrent policy, local
+inference keeps each open episode's state (zeros at its start), feeds it to the file and sends it with each
+step. Imports numpy and msgpack only (and onnxruntime for local inference): no torch, no Ray.
 """
 from __future__ import annotations
 
@@ -58,6 +59,7 @@ class _Episode:
         self.last: tuple[int, int] | None = None  # (block, row) of its newest unsent step
         self.started = False  # the server knows it (local inference: a batch carried its start)
         self.end: tuple | None = None  # (final obs, truncated) once ended
+        self.state = None  # local inference of a recurrent policy: its state for its next action (None: zeros)
 
 
 class Client:
@@ -217,7 +219,16 @@ class Client:
     def _act_rows(self, eps: list[_Episode], obs: dict[str, np.ndarray]) -> list:
         if self.actor is None or time.time() - self.pulled_at >= self.weights_interval_s:
             self._pull_weights()
-        actions, extras = self.actor.act_rows(obs, self.rng)
+        state = None
+        if self.actor.state_shape is not None:  # each episode's own state: zeros at its start
+            state = self.actor.initial_state(len(eps))
+            for i, ep in enumerate(eps):
+                if ep.state is not None:
+                    state[i] = ep.state
+        actions, extras, after = self.actor.act_rows(obs, self.rng, state)
+        if after is not None:
+            for i, ep in enumerate(eps):
+                ep.state = after[i]
         rewards = np.array([ep.reward for ep in eps], np.float64)
         block = self.steps.add(np.array([ep.slot for ep in eps], np.int64), obs, actions, extras,
                                self.actor.version, rewards)

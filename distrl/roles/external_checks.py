@@ -112,11 +112,15 @@ class Checks:
         return int(action) if self.discrete else np.asarray(action).tolist()
 
     def extras(self) -> dict[str, tuple[tuple, np.dtype]]:
-        """What the policy records per step (name -> per-step shape, dtype), from one act of its own."""
+        """What the policy records per step (name -> per-step shape, dtype), from one act of its own; a
+        recurrent policy's `state` too (the one each step's action was taken from)."""
         if self.recorded is None:
-            rule = self.policy.acting_rule()
-            _, extras = rule.act(self.policy.forward(self.example(), None)[0], np.random.default_rng(0), True)
+            state = self.policy.initial_state(1)
+            rule = self.policy.acting_rule() if state is None else self.policy.sampling_rule()
+            _, extras = rule.act(self.policy.forward(self.example(), state)[0], np.random.default_rng(0), True)
             self.recorded = {k: (v.shape[1:], v.dtype) for k, v in extras.items()}
+            if state is not None:
+                self.recorded["state"] = (state.shape[1:], state.dtype)
         return self.recorded
 
     def example(self) -> tree.Tree:
@@ -156,6 +160,10 @@ class Checks:
             raise ProtocolError("bad_value", f"{k} integer versions expected")
         extras, expected = seg.get("extras"), self.extras()
         if not isinstance(extras, dict) or set(extras) != set(expected):
+            if "state" in expected and not (isinstance(extras, dict) and "state" in extras):
+                raise ProtocolError("bad_value", f"this run's policy is recurrent: each step's extras carry 'state', "
+                                                 f"the state {expected['state'][0]} its action was taken from "
+                                                 f"(zeros at its episode's start; extras {sorted(expected)})")
             raise ProtocolError("bad_value", f"extras {sorted(expected)} expected (the run's acting rule records them)")
         checked = {}
         for name, (shape, dtype) in expected.items():

@@ -11,6 +11,10 @@ Remote inference: the `get_action`s that arrive together run as one batch throug
 schedule, as worker `slot` of `external.max_clients` would). Local inference: clients pull the newest
 weights as an ONNX file (exported on a thread of its own, at most every `EXPORT_INTERVAL_S`) with their
 slot's acting rule, and send their steps back in batches.
+
+A recurrent policy acts in both: each step records the state its action was taken from (the server's, kept
+per open episode; or the client's, sent with the step), and its episodes go into fragment columns of their
+own, cut every fragment's length into columns that store their start states (`external_lanes.Lanes`).
 """
 from __future__ import annotations
 
@@ -18,7 +22,6 @@ import asyncio
 import base64
 import heapq
 import itertools
-import sys
 import threading
 import time
 from typing import Callable
@@ -31,6 +34,7 @@ from distrl.client.wire import ProtocolError
 from distrl.core import Fragment, FragmentInfo
 from distrl.envs.spaces import space_to_data
 from distrl.roles.external_checks import Checks
+from distrl.roles.external_lanes import Lanes
 from distrl.roles.external_session import MAX_OPEN_EPISODES, Session
 from distrl.roles.external_steps import Assembler
 from distrl.roles.factory import make_algorithm, policy_seed
@@ -64,11 +68,14 @@ class SimulatorServer:
         self.slots: dict[int, object] = {}  # slot -> its policy (exploration only: RNG, rule, schedule)
         self.slot_steps: dict[int, int] = {}
         self.free = list(range(self.max_clients))
-        # A recurrent policy's state lives in each open episode (`Episode.state`); its episodes reach the
-        # learner whole, so every state the learner zeroes is one an episode started from.
-        self.recurrent = self.policy.initial_state(1) is not None
-        self.chunk = sys.maxsize if self.recurrent else cfg.rollout.fragment_length
-        self.assembler = Assembler(self.policy, cfg.rollout.fragment_length, cfg.env.num_envs, worker_index)
+        # A recurrent policy's state: each step records the one its action was taken from (remote inference:
+        # the server's, kept per open episode in `Episode.state`; local: the client's), and each episode's
+        # steps go into columns of their own, each storing the state before its first step (`Lanes`).
+        initial = self.policy.initial_state(1)
+        self.recurrent, self.state_shape = initial is not None, None if initial is None else initial.shape[1:]
+        self.chunk = cfg.rollout.fragment_length
+        self.assembler = (Lanes if self.recurrent else Assembler)(
+            self.policy, cfg.rollout.fragment_length, cfg.env.num_envs, worker_index)
         self.worker_index = worker_index
         self.counts = dict.fromkeys(COUNTS, 0)
         self.reported = dict(self.counts)
@@ -255,8 +262,7 @@ class SimulatorServer:
         version, replies = self.policy.version, []
         for i, (session, episode, obs, reward) in enumerate(batch):
             policy = self.slot_policy(session.slot)
-            rule = policy.sampling_rule() if self.recurrent else policy.acting_rule()
-            actions, extras = rule.act({k: v[i:i + 1] for k, v in outputs.items()}, policy.rng, True)
+            actions, extras = self.rule(policy).act({k: v[i:i + 1] for k, v in outputs.items()}, policy.rng, True)
             if states is not None:  # the state it acted from goes with the step; the next one waits for its next
                 extras["state"], open_episodes[i].state = states[i:i + 1], after[i]
             self.slot_steps[session.slot] += 1
@@ -275,15 +281,18 @@ class SimulatorServer:
         fresh = self.policy.initial_state(1)[0]
         return np.stack([fresh if ep.state is None else ep.state for ep in episodes])
 
-    def _remote_only(self) -> None:
-        if self.recurrent:
-            raise ProtocolError("unavailable", f"this run's {self.algo.name} policy is recurrent: it acts on the "
-                                               "server, which keeps each episode's state (inference: remote)")
+    def rule(self, policy):
+        """How `policy` (a slot's) picks actions from its network's outputs: a recurrent policy names its rule
+        with `sampling_rule()` (its `acting_rule()` is None: a rule that runs no state)."""
+        return policy.sampling_rule() if self.recurrent else policy.acting_rule()
 
     # --- local inference --------------------------------------------------------------------
     def queue_weights(self, session: Session, have: int) -> dict | None:
         """The weights reply, or None when it waits for the first export (`session.answered` then)."""
-        self._remote_only()
+        if self.recurrent and session.protocol < 2:
+            raise ProtocolError("unavailable", f"this run's {self.algo.name} policy is recurrent: local inference "
+                                               "sends each step's state, which protocol 2 carries (this client "
+                                               "speaks 1; inference: remote acts on the server)")
         if self.no_export:
             raise ProtocolError("unavailable", self._unavailable())
         self.want_export = True
@@ -298,8 +307,11 @@ class SimulatorServer:
             model = None
         elif session.encoding == "json":
             model = base64.b64encode(model).decode()
-        return {"type": "weights", "version": version, "model": model,
-                "rule": self.slot_policy(session.slot).acting_rule().to_wire()}
+        reply = {"type": "weights", "version": version, "model": model,
+                 "rule": self.rule(self.slot_policy(session.slot)).to_wire()}
+        if self.recurrent:  # (S, C): what the model's `state` input takes per row, and each step's extras carry
+            reply["state"] = list(self.state_shape)
+        return reply
 
     def _no_export(self, why: str) -> None:
         """The weights cannot be exported here: every get_weights, waiting or to come, is refused."""
@@ -321,7 +333,6 @@ class SimulatorServer:
                 session.answered(self._weights_reply(session, have))
 
     def segment(self, seg, episodes) -> tuple:
-        self._remote_only()
         return self.checks.segment(seg, episodes, MAX_OPEN_EPISODES, self.newest_version())
 
     def newest_version(self) -> int:

@@ -33,6 +33,7 @@ class Session(asyncio.Protocol):
         self.encoding = "json"
         self.slot: int | None = None
         self.inference = ""
+        self.protocol = 0  # the version its hello spoke
         self.episodes: Episodes | None = None  # set by hello
         self.busy = False  # a request waits for the server (a batched action, weights): later frames wait
         self.closing = False
@@ -141,7 +142,7 @@ class Session(asyncio.Protocol):
             raise ProtocolError("server_full", f"{self.server.max_clients} simulators are connected "
                                                "(external.max_clients)")
         self.hello_timer.cancel()
-        self.slot, self.inference = slot, msg.get("inference", "remote")
+        self.slot, self.inference, self.protocol = slot, msg.get("inference", "remote"), protocol
         self.episodes = Episodes(self.server.assembler, self.server.chunk, MAX_OPEN_EPISODES, self.server.counts)
         return self.server.welcome(slot, protocol)
 
@@ -181,7 +182,6 @@ class Session(asyncio.Protocol):
         reply = self.server.queue_weights(self, have)
         self.busy = reply is None  # answered when the first export is there
         return reply
-        return None
 
     def experience(self, msg: dict) -> dict:
         self._mode("local", "experience")

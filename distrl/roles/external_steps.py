@@ -13,6 +13,9 @@ windows, GAE and V-trace never cross from one episode into another, and no value
 the cut. A full fragment is postprocessed by the run's policy, as a worker's is, and waits for the
 driver in `ready`.
 
+A recurrent policy's chunks go to `external_lanes.Lanes` instead, which cuts no chunk: an episode's steps
+lie in columns of their own, each storing the state before its first step.
+
 Observations are trees of arrays (`distrl.tree`: a structured one's leaves, a flat one's one array), kept
 and cut leaf by leaf as a rollout worker's are.
 
@@ -37,6 +40,8 @@ STEP_FIELDS = ("obs", "actions", "rewards", "terminated", "truncated", "next_obs
 class Assembler:
     """Chunks of complete steps -> (T, E) fragments postprocessed by `policy` (see the module docstring)."""
 
+    cuts = True  # every chunk's last step is an end (a cut one a truncation): `Episodes._send`
+
     def __init__(self, policy, fragment_length: int, columns: int, worker_index: int):
         self.policy, self.T, self.E, self.worker_index = policy, fragment_length, columns, worker_index
         self.arrays: dict[str, np.ndarray] = {}  # (E * T, ...) per field, filled column by column
@@ -47,21 +52,20 @@ class Assembler:
         self.fragments = 0
         self.act_s = 0.0  # the server's time acting since the last fragment (its inference time)
 
-    def add(self, chunk: dict[str, np.ndarray], extras: dict[str, np.ndarray]) -> None:
+    def add(self, chunk: dict[str, np.ndarray], extras: dict[str, np.ndarray], owner=None) -> None:
         """k complete steps of one episode (`chunk`: STEP_FIELDS, `extras`: the policy's, each (k, ...)),
-        its last one an end."""
-        k, at = len(chunk["rewards"]), 0
+        its last one an end. `owner`: the episode's `Episode` (for `external_lanes.Lanes`)."""
+        rows, k, at = steps_of(chunk, extras), len(chunk["rewards"]), 0
         while at < k:
             take = min(k - at, self.E * self.T - self.filled)
-            for name, values in (*chunk.items(), *(("x/" + n, v) for n, v in extras.items())):
-                if name not in self.arrays:
-                    self.arrays[name] = tree.empty((self.E * self.T,), tree.index(values, 0))
-                rows = tree.index(values, slice(at, at + take))
-                tree.assign(self.arrays[name], slice(self.filled, self.filled + take), rows)
+            put(self.arrays, self.E * self.T, self.filled, rows, at, take)
             self.filled += take
             at += take
             if self.filled == self.E * self.T:
                 self._emit()
+
+    def cut(self, owner) -> None:
+        """`owner`'s connection closed with it open: nothing to do here (each chunk it sent ended)."""
 
     def episode_ended(self, ret: float, length: int) -> None:
         self.returns.append(ret)
@@ -98,6 +102,20 @@ class Assembler:
         self.ready.append(Fragment(data, priorities, info))
 
 
+def steps_of(chunk: dict[str, np.ndarray], extras: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A chunk's fields as one map, the policy's extras named "x/<extra>"."""
+    return {**chunk, **{"x/" + n: v for n, v in extras.items()}}
+
+
+def put(arrays: dict, size: int, dst: int, rows: dict, src: int, k: int) -> None:
+    """Rows src..src+k of each field of `rows` into `arrays` (each field `size` rows, allocated when first
+    put) at dst..dst+k."""
+    for name, values in rows.items():
+        if name not in arrays:
+            arrays[name] = tree.empty((size,), tree.index(values, 0))
+        tree.assign(arrays[name], slice(dst, dst + k), tree.index(values, slice(src, src + k)))
+
+
 class Episode:
     """An open episode: its complete steps not yet sent on (blocks of rows), and the step waiting for its
     next observation (one row, and its reward so far)."""
@@ -109,6 +127,7 @@ class Episode:
         self.pending_reward = 0.0
         self.ret, self.length = 0.0, 0
         self.state = None  # a recurrent policy's state before the episode's next action (remote inference)
+        self.column = None  # a recurrent policy's: the column its steps go on in (`external_lanes.Lanes`)
 
 
 class Episodes:
@@ -176,6 +195,7 @@ class Episodes:
         for ep in self.open.values():
             self.counts["steps_lost"] += ep.held + (ep.pending is not None)
             self.counts["episodes_cut"] += 1
+            self.assembler.cut(ep)
         self.open.clear()
 
     def _complete(self, ep: Episode, next_obs: tree.Tree, terminated: bool, truncated: bool) -> None:
@@ -193,14 +213,15 @@ class Episodes:
 
     def _send(self, ep: Episode) -> None:
         """The episode's complete steps to the assembler, as a chunk whose last step is an end (its own, or
-        a truncation where the chunk is cut)."""
+        a truncation where the chunk is cut; a recurrent policy's `Lanes` cut no chunk)."""
         blocks, ep.blocks, ep.held = ep.blocks, [], 0
         chunk = {name: tree.concatenate([b[name] for b in blocks]) for name in blocks[0]}
-        chunk["truncated"] = chunk["truncated"].copy()
-        chunk["truncated"][-1] |= not chunk["terminated"][-1]
+        if self.assembler.cuts:
+            chunk["truncated"] = chunk["truncated"].copy()
+            chunk["truncated"][-1] |= not chunk["terminated"][-1]
         chunk["versions"] = chunk["versions"].astype(np.int32)
         self.assembler.add({n: chunk[n] for n in STEP_FIELDS},
-                           {n[2:]: v for n, v in chunk.items() if n.startswith("x/")})
+                           {n[2:]: v for n, v in chunk.items() if n.startswith("x/")}, ep)
 
 
 def _one_row(obs: tree.Tree) -> tree.Tree:

@@ -54,13 +54,14 @@ def test_local_acting_records_what_the_policy_records_with_the_same_randomness()
         mine = [actor.act({"": o}, rng) for o in obs]
         worker.rng = np.random.default_rng(11)
         theirs = [worker.act(o[None], explore=True) for o in obs]
-        for (a, extras), (b, their_extras) in zip(mine, theirs):
+        for (a, extras, after), (b, their_extras) in zip(mine, theirs):
+            assert after is None  # a feedforward policy has no state
             np.testing.assert_allclose(a, b[0], atol=1e-5)
             assert set(extras) == set(their_extras)
             for k in extras:
                 np.testing.assert_allclose(extras[k], their_extras[k][0], rtol=1e-4, atol=1e-5)
         # many rows at once (Client.get_actions): what the worker's policy does with the same rows
-        actions, extras = actor.act_rows({"": obs}, np.random.default_rng(5))
+        actions, extras, _ = actor.act_rows({"": obs}, np.random.default_rng(5))
         worker.rng = np.random.default_rng(5)
         their_actions, their_extras = worker.act(obs, explore=True)
         np.testing.assert_allclose(actions, their_actions, atol=1e-5)
