@@ -69,6 +69,12 @@ def stored_obs(obs: tree.Tree) -> tree.Tree:
     return tree.map(_stored_leaf, obs)
 
 
+def obs_columns(obs: tree.Tree) -> dict[str, np.ndarray]:
+    """Observations as replay's stored fields: `obs`, or a structured observation's leaves as `obs.<key>`
+    columns (`tree.to_columns`)."""
+    return tree.to_columns({"obs": stored_obs(obs)})
+
+
 def _stored_leaf(x) -> np.ndarray:
     x = np.asarray(x)
     return x.astype(np.float32, copy=False) if x.dtype.kind == "f" else x

@@ -29,6 +29,15 @@ discount, mask and valid. One update on a time-major batch (L, B, N, ...):
 
 Cost: the encoder dominates, so it runs only on stored steps of active agents (`rows`); padding
 and inactive agents (whose observations are zero) get the encoder's output for a zero input.
+
+Observations: an agent's is a Box (the MAPF field of view, a flat vector) or a Dict or Tuple tree of leaves
+(`distrl.tree`, merged over agents by `distrl.envs.multiagent_obs`), which the torso factory's multi-input
+torso encodes. Where that tree has an `action_mask` leaf (1 = legal), the Q head sets the masked actions'
+values to MASKED (`distrl.models.masking`, as R2D2's network does): epsilon-greedy then explores among the
+legal actions only, greedy acting (workers, evaluator, central inference) picks a legal one, and the targets'
+max (or double-Q argmax) is over the legal actions of the bootstrap step, whose mask is stored with its
+observation in the sequence replay (`obs.action_mask`). An agent out of the episode has a mask allowing every
+action (its row acts on nothing); replay's padding has none allowed, and neither trains nor bootstraps.
 """
 from __future__ import annotations
 
@@ -36,16 +45,27 @@ import math
 from dataclasses import dataclass
 
 import torch
-from gymnasium import spaces
 from torch import nn
 
+from distrl import tree
 from distrl.algos.common import NetworkAlgorithm
 from distrl.algos.dhc_acting import DHCPolicy, agent_nstep_targets, agent_priorities
 from distrl.algos.qlearning import DuelingHead, QLearningConfig, SequenceQLearner
 from distrl.config.fields import f
 from distrl.config.sections import RecurrentModelConfig
-from distrl.core import EnvSpec, Learner
+from distrl.core import Learner
 from distrl.models import RecurrentCore, make_torso
+from distrl.models.masking import apply_mask
+
+
+def lead_shape(obs) -> torch.Size:
+    """The shape of an observation's (first) leaf: its leading axes, (T, B, N) or (E, N), come first."""
+    return obs.shape if isinstance(obs, torch.Tensor) else tree.leaves(obs)[0].shape
+
+
+def each_leaf(fn, obs):
+    """`fn` on an observation tensor, or on each leaf of a structured one (a flat one skips the tree walk)."""
+    return fn(obs) if isinstance(obs, torch.Tensor) else tree.map(fn, obs)
 
 
 @dataclass
@@ -80,40 +100,43 @@ class CommRound(nn.Module):
 
 
 class DHCNetwork(nn.Module):
-    """Encoder -> recurrent core -> communication -> (dueling) Q; states are (B, N, S, C) (S = 1 for a GRU)."""
+    """Encoder -> recurrent core -> communication -> (dueling) Q, masked where the observation has an action
+    mask; states are (B, N, S, C) (S = 1 for a GRU). Observations are tensors, or trees of them (leaves with
+    the same leading axes)."""
 
     static = False  # encode every row, reading nothing back from the device (`distrl.algos.capture`)
 
-    def __init__(self, torso: nn.Module, obs_shape: tuple, num_actions: int, core: str, core_size: int,
+    def __init__(self, torso: nn.Module, num_actions: int, core: str, core_size: int,
                  comm: bool, heads: int, rounds: int, dueling: bool):
         super().__init__()
-        self.obs_shape = tuple(obs_shape)
         self.torso = torso
         self.proj = nn.Linear(torso.out_features, core_size)
         self.core = RecurrentCore(core, core_size, core_size)
         self.comm = nn.ModuleList([CommRound(core_size, heads) for _ in range(rounds)] if comm else [])
         self.head = DuelingHead(core_size, num_actions, dueling)
 
-    def encode(self, obs: torch.Tensor) -> torch.Tensor:
-        """(M, core_size) features of (M, *obs_shape)."""
+    def encode(self, obs) -> torch.Tensor:
+        """(M, core_size) features of M observations (M rows of every leaf)."""
         return torch.relu(self.proj(self.torso(obs)))
 
-    def features(self, obs: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+    def features(self, obs, rows: torch.Tensor | None) -> torch.Tensor:
         """(T, B*N, C) features of obs (T, B, N, ...); where `rows` is False the obs is zero, so
         those rows take the features of a zero observation, computed once."""
-        t, b, n = obs.shape[:3]
-        flat = obs.reshape(t * b * n, *self.obs_shape)
+        t, b, n = lead_shape(obs)[:3]
+        flat = each_leaf(lambda x: x.reshape(t * b * n, *x.shape[3:]), obs)
         if rows is None or self.static or bool(rows.all()):  # static: a zero observation's features are the blank
             return self.encode(flat).view(t, b * n, -1)
         idx = torch.nonzero(rows.reshape(-1)).flatten()
-        blank = self.encode(flat.new_zeros(1, *self.obs_shape))
-        out = blank.expand(len(flat), -1).index_copy(0, idx, self.encode(flat[idx]))
+        blank = self.encode(each_leaf(lambda x: x.new_zeros(1, *x.shape[1:]), flat)).expand(t * b * n, -1)
+        if not len(idx):  # no stored step of an active agent (a batch of agents out at once): no rows to encode
+            return blank.reshape(t, b * n, -1)
+        out = blank.index_copy(0, idx, self.encode(each_leaf(lambda x: x[idx], flat)))
         return out.view(t, b * n, -1)
 
     def recurrent(self, obs, state, first, rows=None) -> tuple[torch.Tensor, torch.Tensor]:
         """Core outputs (T, B, N, C) and final state (B, N, S, C) from obs (T, B, N, ...), state
         (B, N, S, C), first (T, B) (zero every agent's state before such a step)."""
-        t, b, n = obs.shape[:3]
+        t, b, n = lead_shape(obs)[:3]
         agents_first = first[:, :, None].expand(t, b, n).reshape(t, b * n)
         out, final = self.core.unroll(self.features(obs, rows), state.reshape(b * n, *state.shape[2:]),
                                       agents_first)
@@ -133,17 +156,18 @@ class DHCNetwork(nn.Module):
             h = rnd(h, allowed, has_message)
         return h.view(*lead, n, -1)
 
-    def q_values(self, h, comm_mask, active) -> torch.Tensor:
-        return self.head(self.communicate(h, comm_mask, active))
+    def q_values(self, h, comm_mask, active, action_mask=None) -> torch.Tensor:
+        """Q (..., N, A) of core outputs h (..., N, C); the actions `action_mask` (..., N, A) rules out at MASKED."""
+        return apply_mask(self.head(self.communicate(h, comm_mask, active)), action_mask)
 
-    def step(self, obs: dict[str, torch.Tensor], state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """One joint step of E envs: (Q (E, N, A), next state (E, N, S, C)) from {"obs" (E, N, ...),
-        "comm_mask" (E, N, N), "active" (E, N)} and states (E, N, S, C)."""
+    def step(self, obs: dict, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One joint step of E envs: (Q (E, N, A), next state (E, N, S, C)) from {"obs" (E, N, ...; a tree of
+        such leaves, its mask among them), "comm_mask" (E, N, N), "active" (E, N)} and states (E, N, S, C)."""
         x = obs["obs"]
-        e, n = x.shape[:2]
-        out, after = self.core.step(self.encode(x.reshape(e * n, *self.obs_shape)),
+        e, n = lead_shape(x)[:2]
+        out, after = self.core.step(self.encode(each_leaf(lambda v: v.reshape(e * n, *v.shape[2:]), x)),
                                     state.reshape(e * n, *state.shape[2:]))
-        q = self.q_values(out.view(e, n, -1), obs["comm_mask"], obs["active"])
+        q = self.q_values(out.view(e, n, -1), obs["comm_mask"], obs["active"], tree.mask_of(x))
         return q, after.view(e, n, *after.shape[1:])
 
 
@@ -157,18 +181,20 @@ class DHCLearner(SequenceQLearner, Learner):
         b = self.burn_in
         obs, first, state, cm, active = t["obs"], t["first"], t["state"], t["comm_mask"], t["active"]
         rows = (t["valid"] > 0)[..., None] & active.bool()  # stored steps of active agents
+        after = each_leaf(lambda x: x[b:], obs)
+        mask = tree.mask_of(after)  # each step's legal actions: the targets' max is over the bootstrap step's
         with torch.no_grad():
             out, _ = self.target.recurrent(obs, state, first, rows)
-            q_target = self.target.q_values(out[b:], cm[b:], active[b:])
+            q_target = self.target.q_values(out[b:], cm[b:], active[b:], mask)
             if b:
-                _, state = self.q.recurrent(obs[:b], state, first[:b], rows[:b])
-        out, _ = self.q.recurrent(obs[b:], state, first[b:], rows[b:])
-        return self.q.q_values(out, cm[b:], active[b:]), q_target
+                _, state = self.q.recurrent(each_leaf(lambda x: x[:b], obs), state, first[:b], rows[:b])
+        out, _ = self.q.recurrent(after, state, first[b:], rows[b:])
+        return self.q.q_values(out, cm[b:], active[b:], mask), q_target
 
     def loss_and_td(self, t: dict[str, torch.Tensor]):
         """(loss, td (length, B, N), Q of the taken actions (length, B, N), trained pairs (length, B, N))."""
         cfg, b, n = self.cfg, self.burn_in, self.length
-        self.check_steps(t["obs"].shape[0])
+        self.check_steps(lead_shape(t["obs"])[0])
         q, q_target = self._unroll_both(t)
         active = t["active"][b:].to(q.dtype)
         q_taken = q[:n].gather(-1, t["actions"][b:b + n].long().unsqueeze(-1)).squeeze(-1)
@@ -193,20 +219,12 @@ class DHC(NetworkAlgorithm):
     model_defaults = {"hidden": [32, 32], "conv_channels": [32, 32], "core": "gru", "core_size": 64}
     image_torso = "conv3x3"  # a field of view is a few cells wide: no striding CNN fits it
     actions = ("discrete",)
+    structured_obs = True  # Dict and Tuple observations, an action mask among them
     data_path = "sequence"
     multi_agent = True
     learner_cls, policy_cls = DHCLearner, DHCPolicy
 
-    @classmethod
-    def check_spec(cls, spec: EnvSpec) -> str | None:
-        if not isinstance(spec.action_space, spaces.Discrete):
-            return f"dhc needs a Discrete action space, the env has {spec.action_space}"
-        obs = spec.observation_space
-        if not isinstance(obs, spaces.Box):
-            return f"dhc needs a Box observation space, the env has {obs}"
-        return None
-
     def build_network(self) -> DHCNetwork:
         space, c, m = self.spec.observation_space, self.cfg, self.model
-        return DHCNetwork(make_torso(space, m, self.image_torso), space.shape, int(self.spec.action_space.n),
+        return DHCNetwork(make_torso(space, m, self.image_torso), int(self.spec.action_space.n),
                           m.core, m.core_size, c.comm, c.comm_heads, c.comm_rounds, c.dueling)

@@ -5,7 +5,11 @@ their neighbours (`distrl.algos.dhc.DHCNetwork`): obs -> encoder -> GRU -> commu
 (dueling) Q head. A worker acts with it one joint step at a time; each env's per-agent states
 (E, N, S, C) are kept like R2D2's, by the policy's inference (local, or an InferenceServer's).
 
-Shapes: `act` gets {"obs": (E, N, *obs_shape), "comm_mask": (E, N, N) bool, "active": (E, N)}.
+Shapes: `act` gets {"obs": (E, N, *obs_shape), "comm_mask": (E, N, N) bool, "active": (E, N)}; a structured
+observation's "obs" is a tree of (E, N, ...) leaves, its `action_mask` among them (the network masks the Q-values
+there, so `epsilon_greedy` explores among the legal actions and the greedy action is a legal one). Replay keeps
+a structured observation's leaves as columns of their own (`obs.<key>`, as R2D2's policy stores them), the
+mask with them: a step's legal actions travel with its observation, to the targets' max.
 
 Targets, per agent (`agent_nstep_targets`, used by the worker's priorities and the learner):
 agent i is trained at step t where mask[t] * active[t, i]; its n-step return sums its rewards
@@ -17,7 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from distrl.algos.common import stored_obs
+from distrl import tree
+from distrl.algos.common import obs_columns
 from distrl.algos.r2d2_acting import SequencePolicy, nstep_targets, sequence_priorities
 from distrl.core import Batch, Trajectory
 from distrl.replay.sequences import empty_message
@@ -62,13 +67,13 @@ class DHCPolicy(SequencePolicy):
     def postprocess(self, traj: Trajectory) -> tuple[Batch, np.ndarray]:
         """The adder's message for the items that completed, and their initial priorities."""
         if self._adder is None:
-            self._adder = self._make_adder(traj.obs.shape[1])
+            self._adder = self._make_adder(traj.rewards.shape[1])
         ex = traj.extras
         q, actions = ex["q"], traj.actions.astype(np.int64)
-        steps = {"obs": stored_obs(traj.obs), "actions": actions,
+        steps = {**obs_columns(traj.obs), "actions": actions,
                  "rewards": traj.rewards.astype(np.float32, copy=False),
                  "comm_mask": ex["comm_mask"].astype(bool, copy=False), "active": ex["active"].astype(bool, copy=False)}
-        nxt = {"obs": stored_obs(traj.next_obs),
+        nxt = {**obs_columns(traj.next_obs),
                "comm_mask": ex["next_comm_mask"].astype(bool, copy=False),
                "active": ex["next_active"].astype(bool, copy=False)}
         aux = {"q_taken": np.take_along_axis(q, actions[..., None], axis=-1)[..., 0],
@@ -81,12 +86,12 @@ class DHCPolicy(SequencePolicy):
 
     def _final_values(self, traj: Trajectory) -> np.ndarray:
         """(T, E, N) max_a Q(s_T) of agents active at the final observation of a truncated episode, else 0
-        (the network sees that observation with its comm mask)."""
+        (the network sees that observation with its comm mask; the max is over its legal actions)."""
         ex, out = traj.extras, np.zeros(traj.rewards.shape, np.float32)
         got = self.after_truncation(
-            traj, lambda ts, es: {"obs": traj.obs[ts, es], "comm_mask": ex["comm_mask"][ts, es],
+            traj, lambda ts, es: {"obs": tree.index(traj.obs, (ts, es)), "comm_mask": ex["comm_mask"][ts, es],
                                   "active": ex["active"][ts, es]},
-            lambda ts, es: {"obs": traj.next_obs[ts, es], "comm_mask": ex["next_comm_mask"][ts, es],
+            lambda ts, es: {"obs": tree.index(traj.next_obs, (ts, es)), "comm_mask": ex["next_comm_mask"][ts, es],
                             "active": ex["next_active"][ts, es]})
         if got is not None:
             out[got[0]] = got[1]["q"].max(axis=-1) * ex["next_active"][got[0]]

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from distrl import tree
-from distrl.algos.common import NetworkPolicy, stored_obs
+from distrl.algos.common import NetworkPolicy, obs_columns
 from distrl.algos.qlearning import epsilon_greedy, worker_epsilon
 from distrl.core import Batch, Trajectory
 from distrl.replay.sequences import SequenceAdder, empty_message
@@ -89,11 +89,6 @@ def sequence_priorities(abs_td, mask, eta: float):
     peak = abs_td.max(0)
     peak = getattr(peak, "values", peak)  # torch's max over an axis also gives the indices
     return eta * peak + (1.0 - eta) * abs_td.sum(0) / count
-
-
-def obs_columns(obs) -> dict[str, np.ndarray]:
-    """Observations as stored fields: `obs`, or a structured observation's leaves as `obs.<key>` columns."""
-    return tree.to_columns({"obs": stored_obs(obs)})
 
 
 # ---------------------------------------------------------------- the policy

@@ -5,16 +5,16 @@ import numpy as np
 import pytest
 import torch
 
+from distrl import tree
 from distrl.models import as_input
 from distrl.models.numpy_run import ATOL, RTOL
 
 
 def _tensors(x):
+    """An input as tensors: an array, or a tree of them (a structured or multi-agent observation)."""
     if x is None:
         return None
-    if isinstance(x, dict):
-        return {k: as_input(v) for k, v in x.items()}
-    return as_input(x)
+    return tree.map(as_input, x)
 
 
 def _assert_equal(out, ref, exact: bool, where="output"):

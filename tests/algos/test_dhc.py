@@ -283,6 +283,17 @@ def stepped(net, batch):
     return np.stack(qs)
 
 
+def reference_td(q, values, batch, gamma):
+    """(the expected TD, which step-agent pairs train) at steps 2..5 of a burn-in-2, length-4, 2-step batch, from
+    the online Q (T, B, N, A) and the bootstrap values (T, B, N) the reference picked."""
+    active = batch["active"].astype(float)
+    target = reference_targets(values, batch["rewards"], batch["discount"], batch["mask"], batch["valid"],
+                               active, gamma, 2, 2, 4)
+    q_taken = np.take_along_axis(q, batch["actions"][..., None], -1)[2:6, ..., 0]
+    live = batch["mask"][2:6, :, None] * active[2:6]
+    return (q_taken - target) * live, live
+
+
 @pytest.mark.parametrize("double", [True, False])
 def test_learner_td_matches_a_step_by_step_reference(double):
     learner = learner_for(make_cfg(2, 4, 2, f"dhc.double={double}"))
@@ -295,12 +306,7 @@ def test_learner_td_matches_a_step_by_step_reference(double):
     qt = stepped(learner.target, batch)
     best = (q if double else qt).argmax(-1)[..., None]
     values = np.take_along_axis(qt, best, -1)[..., 0]
-    active = batch["active"].astype(float)
-    target = reference_targets(values, batch["rewards"], batch["discount"], batch["mask"], batch["valid"],
-                               active, learner.cfg.gamma, 2, 2, 4)
-    q_taken = np.take_along_axis(q, batch["actions"][..., None], -1)[2:6, ..., 0]
-    live = batch["mask"][2:6, :, None] * active[2:6]
-    expected_td = (q_taken - target) * live
+    expected_td, live = reference_td(q, values, batch, learner.cfg.gamma)
     loss, td, _, _ = learner.loss_and_td(tensors(batch))
     np.testing.assert_allclose(td.numpy() * live, expected_td, atol=3e-5)
     expected_loss = (0.5 * expected_td ** 2 * batch["weights"][:, None]).sum() / live.sum()
