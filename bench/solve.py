@@ -104,7 +104,8 @@ def main() -> None:
     out = args.out or os.path.join(ROOT, "bench", "results", f"solve_{stem}.json")
     old = json.load(open(out)) if os.path.exists(out) and not args.against else {}
     results = {"hardware": hardware(), "config": config, "overrides": args.extra,
-               "runs": [r for r in old.get("runs", []) if r["mode"] not in modes], "median": {}}
+               "runs": [r for r in old.get("runs", []) if r["mode"] not in modes or r["seed"] not in args.seeds],
+               "median": {}}
     for mode in modes:
         for seed in args.seeds:
             for side, tree in trees.items():  # alternating: both sides see the same machine load
