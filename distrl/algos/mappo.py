@@ -17,7 +17,11 @@ multi-agent is what a row holds and which rows count:
 - an agent that left its episode early (PettingZoo: terminated while others go on) ends there, as its own
   column's termination; the rows of agents no longer in the episode are kept out of the losses and of the
   advantages' normalization (`live`);
-- rewards, returns and advantages are per agent; an episode's truncation bootstraps every agent still in it.
+- rewards, returns and advantages are per agent; an episode's truncation bootstraps every agent still in it;
+- with `mappo.time_limit` the critic also reads `time`, the fraction of the limit the episode has left (the
+  policy counts each env's steps), and an episode cut at the limit ends there: V depends on the time left,
+  which no agent's observation tells; with `mappo.value_norm` the critic's head learns standardized returns
+  (`distrl.algos.value_norm`).
 
 With `model.core` the actor is torso -> core -> head with a state per agent row: a worker keeps (E, N, S, C),
 zeroed for every agent of an env whose episode ends (all of them start the next one together), a fragment
@@ -36,6 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 from gymnasium import spaces
 from torch import nn
 
@@ -43,7 +48,8 @@ from distrl import tree
 from distrl.algos.actor_critic import ActorCriticNet, action_factors
 from distrl.algos.actor_critic_acting import ActorCriticPolicy
 from distrl.algos.common import stored_obs
-from distrl.algos.ppo import PPO, PPOConfig
+from distrl.algos.ppo import PPO, PPOConfig, PPOLearner, ppo_loss
+from distrl.algos.value_norm import NormalizedValueHead
 from distrl.config.fields import f
 from distrl.core import Batch, Trajectory
 from distrl.envs.multiagent_obs import without_mask
@@ -51,6 +57,7 @@ from distrl.models import RecurrentCore, make_torso
 from distrl.models.multi_input import image_leaf
 
 ACTOR_KEYS = ("own", "agent")  # what an agent has when it acts on its own (with its mask: all an exported actor takes)
+TIME_KEY = "time"  # the critic's: the fraction of `mappo.time_limit` an episode has left at the step
 
 
 @dataclass
@@ -60,6 +67,11 @@ class MAPPOConfig(PPOConfig):
     central_input: str = f("joint", "what the central critic reads: joint (every agent's observation, "
                            "concatenated) | state (the env's global state, PettingZoo's state())",
                            choices=("joint", "state"))
+    value_norm: bool = f(False, "the critic learns returns standardized by running statistics (PopArt's value head, "
+                         "distrl.algos.value_norm): the value loss's scale does not depend on the rewards'")
+    time_limit: int | None = f(None, "steps an episode lasts at most (the env's time limit: MPE's max_cycles): the "
+                               "critic also reads the fraction of it left, and an episode cut there ends (no "
+                               "bootstrap); null = the critic does not see time", lo=1)
 
 
 def split_mask(obs: tree.Tree) -> tuple[tree.Tree, np.ndarray | None]:
@@ -127,6 +139,8 @@ class MAPPOPolicy(ActorCriticPolicy):
         # The critic's inputs are training-time only: acting runs the actor.
         self.acting_method = "actor_outputs" if self.state_shape is None else "actor_step"
         self.global_state = self.central == "state"
+        self.time_limit = algo.cfg.time_limit
+        self.episode_steps: np.ndarray | None = None  # (E,) steps each env's episode has taken, with a time limit
 
     @property
     def acting_space(self) -> spaces.Dict:
@@ -156,7 +170,17 @@ class MAPPOPolicy(ActorCriticPolicy):
         extras = {k: v.reshape(E, N, *v.shape[1:]) for k, v in extras.items()}
         if "state" in outputs:
             extras["state"] = outputs["state"]
+        if self.time_limit:
+            if self.episode_steps is None or len(self.episode_steps) != E:
+                self.episode_steps = np.zeros(E, np.int64)
+            extras["episode_step"] = np.repeat(self.episode_steps[:, None], N, 1)
+            self.episode_steps += 1
         return actions.reshape(E, N, *actions.shape[1:]), extras
+
+    def episodes_ended(self, done: np.ndarray) -> None:
+        if self.episode_steps is not None:
+            self.episode_steps[done] = 0
+        super().episodes_ended(done)
 
     def postprocess(self, traj: Trajectory) -> tuple[Batch, None]:
         """E envs' N agents as E * N columns of (T, E * N) arrays, with each agent's own episode ends,
@@ -187,7 +211,39 @@ class MAPPOPolicy(ActorCriticPolicy):
         }
         if self.state_shape is not None:
             items["state"] = columns(ex["state"][:1])  # (1, E * N, S, C): time-major, as fragments join
+        if self.time_limit:
+            self.add_time(items, columns(ex["episode_step"]))
         return items, None
+
+    def add_time(self, items: dict, step: np.ndarray) -> None:
+        """The critic's time leaf of each row (`step`: (T, E * N), the episode's step at each row) and the
+        end of an episode cut at the time limit: with the time left among V's inputs, that cut is the task's
+        end, whose value is 0, not one to bootstrap over."""
+        left = lambda s: np.clip(1.0 - s / self.time_limit, 0.0, 1.0).astype(np.float32)[..., None]  # noqa: E731
+        items["obs"][TIME_KEY], items["next_obs"][TIME_KEY] = left(step), left(step + 1)
+        out_of_time = items["truncated"] & (step + 1 >= self.time_limit)
+        items["terminated"] = items["terminated"] | out_of_time
+        items["truncated"] = items["truncated"] & ~out_of_time
+
+
+class MAPPOLearner(PPOLearner):
+    """PPO's learner; with `mappo.value_norm`, the value head's statistics follow each batch's returns and the
+    value loss compares standardized values and returns."""
+
+    def targets(self, t: dict[str, torch.Tensor]):
+        adv, returns, est, lag = super().targets(t)
+        if self.cfg.value_norm:
+            self.net.v_head.update(returns, t.get("live"))
+        return adv, returns, est, lag
+
+    def sample_loss(self, s: dict[str, torch.Tensor]):
+        if not self.cfg.value_norm:
+            return super().sample_loss(s)
+        norm = self.net.v_head.normalize
+        logp, entropy, values = self.net.evaluate(s["obs"], s["actions"], s.get("state"), s.get("first"))
+        loss, terms = ppo_loss(logp, s["old_logp"], s["adv"], norm(values), norm(s["old_values"]), norm(s["returns"]),
+                               entropy, self.cfg, s.get("live"))
+        return loss, terms, {}
 
 
 class MAPPO(PPO):
@@ -196,7 +252,7 @@ class MAPPO(PPO):
     multi_agent = True
     external = False
     actions = ("discrete", "box")  # what the multi-agent adapter steps
-    policy_cls = MAPPOPolicy
+    learner_cls, policy_cls = MAPPOLearner, MAPPOPolicy
 
     def check_config(self) -> str | None:
         if self.central == "state" and self.spec.state_space is None:
@@ -221,7 +277,8 @@ class MAPPO(PPO):
     def row_space(self, keys: tuple[str, ...]) -> spaces.Dict:
         """The space of the leaves `keys` of a row's observation (`agent_rows`)."""
         own, n = self.own_space, self.spec.num_agents
-        every = {"own": own, "agent": spaces.Discrete(n), "joint": joint_space(own, n), "state": self.spec.state_space}
+        every = {"own": own, "agent": spaces.Discrete(n), "joint": joint_space(own, n), "state": self.spec.state_space,
+                 TIME_KEY: spaces.Box(0.0, 1.0, (1,), np.float32)}
         if self.masked:
             every[tree.MASK_KEY] = self.spec.observation_space.spaces[tree.MASK_KEY]
         return spaces.Dict({k: every[k] for k in keys})
@@ -241,7 +298,10 @@ class MAPPO(PPO):
 
     @property
     def critic_keys(self) -> tuple[str, ...]:
-        return (self.central, "agent") if self.central else ACTOR_KEYS
+        """What the value network reads: the central leaf or the agent's own observation, its index, and the
+        time left where `mappo.time_limit` is set."""
+        keys = (self.central, "agent") if self.central else ACTOR_KEYS
+        return keys + ((TIME_KEY,) if self.cfg.time_limit else ())
 
     def build_network(self) -> ActorCriticNet:
         act = self.spec.action_space
@@ -251,4 +311,7 @@ class MAPPO(PPO):
         pi_torso = Selected(actor, make_torso(self.row_space(actor), self.model, self.image_torso))
         v_torso = Selected(critic, make_torso(self.row_space(critic), self.model, self.image_torso))
         core = RecurrentCore(self.model.core, pi_torso.out_features, self.model.core_size) if self.recurrent else None
-        return ActorCriticNet(pi_torso, v_torso, out_dim, box, factors, core)
+        net = ActorCriticNet(pi_torso, v_torso, out_dim, box, factors, core)
+        if self.cfg.value_norm:
+            net.v_head = NormalizedValueHead(net.v_head)
+        return net
