@@ -16,7 +16,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from distrl import tree
-from distrl.algos.common import NetworkAlgorithm, NetworkPolicy, as_tensors, nstep_items, step_report, stored_obs
+from distrl.algos.common import (NetworkAlgorithm, NetworkPolicy, as_tensors, nstep_items, obs_columns, step_report,
+                                 stored_obs)
 from distrl.algos.qlearning import DuelingHead, QLearningConfig, TargetNetworkState, worker_epsilon
 from distrl.algos.sharding import ShardedLearner
 from distrl.config.fields import f
@@ -24,7 +25,7 @@ from distrl.config.sections import ModelConfig
 from distrl.core import Batch, Learner, Trajectory
 from distrl.models import make_torso
 from distrl.models.masking import apply_mask
-from distrl.replay.frames import FrameEncoder, frame_transitions
+from distrl.replay.frames import FrameEncoder, frame_stacks, frame_transitions
 from distrl.sampling import EpsilonGreedy
 
 
@@ -91,7 +92,7 @@ class DQNPolicy(NetworkPolicy):
     """Epsilon-greedy on the Q-network; n-step transitions with initial priorities from its own Q-values."""
 
     env_steps = 0
-    _frames: FrameEncoder | None = None  # built at the first postprocess of an env that stacks frames
+    _frames: dict[str, FrameEncoder] | None = None  # per observation column kept as frames; at the first postprocess
 
     @property
     def epsilon(self) -> float:
@@ -114,12 +115,13 @@ class DQNPolicy(NetworkPolicy):
 
     def postprocess(self, traj: Trajectory) -> tuple[Batch, np.ndarray]:
         T, E = traj.rewards.shape
-        if self.spec.frame_stack:  # stacked frames travel and are stored once; replay rebuilds the stacks
-            if self._frames is None:
-                self._frames = FrameEncoder(self.spec.frame_stack, seed=self.worker_index)
+        if self._frames is None:
+            self._frames = {c: FrameEncoder(k, seed=self.worker_index)
+                            for c, k in frame_stacks(obs_columns(traj.obs), self.spec.frame_stack).items()}
+        if self._frames:  # stacked frames and image leaves travel and are stored once; replay rebuilds the obs
             items, rows, boot = frame_transitions(
-                self._frames, stored_obs(traj.obs), traj.actions, traj.rewards, traj.terminated, traj.truncated,
-                stored_obs(traj.next_obs), self.cfg.gamma, self.cfg.n_step)
+                self._frames, obs_columns(traj.obs), traj.actions, traj.rewards, traj.terminated, traj.truncated,
+                obs_columns(traj.next_obs), self.cfg.gamma, self.cfg.n_step)
         else:
             (items, boot), rows = nstep_items(traj, self.cfg.gamma, self.cfg.n_step), np.arange(T * E)
         q_next = self._max_q_next(traj, boot)

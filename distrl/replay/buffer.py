@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
 
 from distrl import tree
 from distrl.replay.frame_ring import FrameRing
-from distrl.replay.frames import FRAMES, MESSAGE_KEYS, NEXT_REF, OBS_REF, STACK
+from distrl.replay.frames import FLAT, FRAMES, MESSAGE_KEYS, NEXT_REF, OBS_REF, STACK, framed_columns, framed_key
 from distrl.replay.sumtree import SumTree, stratified_sample
 
 GENERATION_KEY = "_generation"
-OLDEST_KEY = "frame_oldest"  # per item of a framed replay: the oldest frame its stacks read
+OLDEST_KEY = "frame_oldest"  # per item of a framed replay: the oldest frame its stacks read (per framed column)
 _STORAGE_PREFIX = "storage/"
-_FRAMES_STATE = "frames"
+_FRAMES_STATE = FRAMES  # a ring's state sits under its column's frames key: "frames", "frames/obs.image"
 
 
 class ReplayBuffer:
@@ -24,6 +25,8 @@ class ReplayBuffer:
     mode the sum tree stores ``(|p| + eps) ** alpha``; sampling is stratified
     and returns normalised importance weights. Every slot carries a write
     generation so late priority updates for overwritten slots are dropped.
+    Framed messages (`distrl.replay.frames`) keep each observation column they
+    frame in a `FrameRing` of its own; items hold refs into it.
     """
 
     def __init__(
@@ -52,7 +55,7 @@ class ReplayBuffer:
         self._size = 0
         self._sample_count = 0
         self._max_priority = 1.0
-        self._frames: FrameRing | None = None
+        self._frames: dict[str, FrameRing] = {}  # observation column -> its frames (framed messages only)
 
     def __len__(self) -> int:
         return self._size
@@ -69,10 +72,10 @@ class ReplayBuffer:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by the storage arrays and the frame ring (0 before the first add)."""
+        """Bytes held by the storage arrays and the frame rings (0 before the first add)."""
         if self._storage is None:
             return 0
-        return int(sum(a.nbytes for a in self._storage.values())) + (self._frames.nbytes if self._frames else 0)
+        return int(sum(a.nbytes for a in self._storage.values()) + sum(r.nbytes for r in self._frames.values()))
 
     @property
     def checkpoint_nbytes(self) -> int:
@@ -80,17 +83,17 @@ class ReplayBuffer:
         if self._storage is None:
             return 0
         rows = sum(a.nbytes for a in self._storage.values()) * self._size // self.capacity
-        return int(rows + (self._frames.live_nbytes if self._frames else 0))
+        return int(rows + sum(r.live_nbytes for r in self._frames.values()))
 
     @property
     def bytes_per_item(self) -> float:
         """Real bytes per stored item: the live items' fields, generations and share of the sum tree, plus
-        the frames in the ring (0.0 when empty)."""
+        the frames in the rings (0.0 when empty)."""
         if self._size == 0 or self._storage is None:
             return 0.0
         row = sum(a.nbytes for a in self._storage.values()) + self._gen.nbytes
         row += self._tree.nbytes if self._tree is not None else 0
-        frames = self._frames.live_nbytes if self._frames else 0
+        frames = sum(r.live_nbytes for r in self._frames.values())
         return (row * self._size / self.capacity + frames) / self._size
 
     def _live(self, n: int | None = None) -> np.ndarray:
@@ -129,8 +132,9 @@ class ReplayBuffer:
         """Append a fragment of B items (FIFO; keeps only the newest ``capacity``); a structured observation's
         leaves are columns of their own (`distrl.tree.to_columns`)."""
         items = tree.to_columns(items)
-        if FRAMES in items:
-            items, priorities = self._add_frames(items, priorities)
+        framed = framed_columns(items)
+        if framed:
+            items, priorities = self._add_frames(items, priorities, framed)
         b = self._validate(items)
         if b == 0:
             return
@@ -172,47 +176,63 @@ class ReplayBuffer:
             self._max_priority = new_max
             self._tree.update(pos, vals)
 
-    def _add_frames(self, msg: dict[str, np.ndarray], priorities) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
-        """Write a framed message's frames; its items with absolute refs (and their oldest frame), and
-        their priorities. Checks come first, so a bad message changes nothing."""
-        items = {k: np.asarray(v) for k, v in msg.items() if k not in MESSAGE_KEYS}
-        if OBS_REF not in items or NEXT_REF not in items or any(k not in msg for k in MESSAGE_KEYS):
-            raise ValueError(f"a framed message needs {sorted((*MESSAGE_KEYS, OBS_REF, NEXT_REF))}")
-        b = self._validate({**items, OLDEST_KEY: items[OBS_REF]})
+    def _add_frames(self, msg: dict[str, np.ndarray], priorities, columns: list[str]
+                    ) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
+        """Write a framed message's frames, each column's to its ring; its items with absolute refs (and their
+        oldest frame per ring), and their priorities. Checks come first, so a bad message changes nothing."""
+        refs, keys = {c: _ref_keys(c) for c in columns}, {c: _message_keys(c) for c in columns}
+        missing = [k for c in columns for k in (*keys[c], *refs[c][:2]) if k not in msg]
+        if missing:
+            raise ValueError(f"a framed message needs {sorted(missing)}")
+        # Each ring reads its frames under the bare keys, as a flat observation's message holds them.
+        subs = {c: msg if c == FLAT else dict(zip(MESSAGE_KEYS, (msg[k] for k in keys[c]))) for c in columns}
+        framing = {k for ks in keys.values() for k in ks}
+        items = {k: np.asarray(v) for k, v in msg.items() if k not in framing}
+        b = self._validate({**items, **{old: items[ref] for ref, _, old in refs.values()}})
         p = None if priorities is None else np.asarray(priorities, np.float64).reshape(-1)
         if p is not None and (p.shape != (b,) or not np.all(np.isfinite(p))):
             raise ValueError(f"priorities must be {b} finite values, got shape {p.shape}")
-        frames = np.asarray(msg[FRAMES])
-        refs = np.concatenate([items[OBS_REF], items[NEXT_REF]])
-        if refs.size and (refs.min() < 0 or refs.max() >= len(frames)):
-            raise ValueError("frame refs out of range")
-        if self._frames is None:
-            k = int(np.asarray(msg[STACK]).reshape(-1)[0])
-            self._frames = FrameRing(self.capacity + 2 * k, frames.shape[1:], frames.dtype, k)
-        elif not self._frames.fits(msg):
-            raise ValueError("frames differ in shape, dtype or stack size from the stored ones")
-        to_abs = self._frames.write(msg)
-        self._evict_stale(self._frames.horizon)
-        items[OBS_REF], items[NEXT_REF] = to_abs[items[OBS_REF]], to_abs[items[NEXT_REF]]
-        items[OLDEST_KEY] = self._frames.oldest(items[OBS_REF])
-        keep = items[OLDEST_KEY] >= self._frames.horizon  # only a message larger than the ring loses some
+        for c, (ref, nxt, _) in refs.items():
+            both, ring = np.concatenate([items[ref], items[nxt]]), self._frames.get(c)
+            if both.size and (both.min() < 0 or both.max() >= len(subs[c][FRAMES])):
+                raise ValueError(f"frame refs of {c!r} out of range")
+            if ring is not None and not ring.fits(subs[c]):
+                raise ValueError(f"frames of {c!r} differ in shape, dtype or stack size from the stored ones")
+        keep = True
+        for c, (ref, nxt, old) in refs.items():
+            ring = self._frames.get(c) or self._new_ring(c, subs[c])
+            to_abs = ring.write(subs[c])
+            self._evict_stale(c)
+            items[ref], items[nxt] = to_abs[items[ref]], to_abs[items[nxt]]
+            items[old] = ring.oldest(items[ref])
+            keep = keep & (items[old] >= ring.horizon)  # only a message larger than the ring loses some
+        if keep.all():
+            return items, p
         return {k: v[keep] for k, v in items.items()}, None if p is None else p[keep]
 
-    def _evict_stale(self, horizon: int) -> None:
-        """Evict the oldest items through the last one reading a frame before ``horizon``.
+    def _new_ring(self, column: str, sub: dict) -> FrameRing:
+        """A column's ring, for frames like the message's: a frame per item and two stacks of slack."""
+        frames, stack = np.asarray(sub[FRAMES]), int(np.asarray(sub[STACK]).reshape(-1)[0])
+        self._frames[column] = FrameRing(self.capacity + 2 * max(1, stack), frames.shape[1:], frames.dtype, stack)
+        return self._frames[column]
+
+    def _evict_stale(self, column: str) -> None:
+        """Evict the oldest items through the last one reading a frame of ``column`` before its ring's horizon.
 
         Next-stack refs grow along the FIFO; a stale item's message started less than ``link_age`` after
         its oldest frame, so every stale item lies among those whose next ref is below the bound.
         """
         if self._size == 0:
             return
-        bound = horizon + self._frames.link_age + self._frames.max_message
-        nxt, first = self._storage[NEXT_REF], (self._cursor - self._size) % self.capacity
+        ring, (_, nxt_key, old_key) = self._frames[column], _ref_keys(column)
+        horizon = ring.horizon
+        bound = horizon + ring.link_age + ring.max_message
+        nxt, first = self._storage[nxt_key], (self._cursor - self._size) % self.capacity
         lo, hi = 0, self._size
         while lo < hi:  # binary search over the FIFO: O(log n) lookups per add
             mid = (lo + hi) // 2
             lo, hi = (mid + 1, hi) if nxt[(first + mid) % self.capacity] < bound else (lo, mid)
-        stale = np.flatnonzero(self._storage[OLDEST_KEY][self._live(lo)] < horizon)
+        stale = np.flatnonzero(self._storage[old_key][self._live(lo)] < horizon)
         if stale.size:
             self._drop_oldest(int(stale[-1]) + 1)
 
@@ -253,10 +273,10 @@ class ReplayBuffer:
             idx, weights = stratified_sample(self._tree, self._rng, self._size, num_batches, batch_size, betas)
         self._sample_count += num_batches
         batch = {k: v[idx] for k, v in self._storage.items()}
-        if self._frames is not None:
-            batch["obs"] = self._frames.stacks(batch.pop(OBS_REF))
-            batch["next_obs"] = self._frames.stacks(batch.pop(NEXT_REF))
-            del batch[OLDEST_KEY]
+        for c, ring in self._frames.items():  # "obs" and "next_obs" of a flat observation, or "obs.<key>"...
+            ref, nxt, old = _ref_keys(c)
+            batch[c], batch["next_" + c] = ring.stacks(batch.pop(ref)), ring.stacks(batch.pop(nxt))
+            del batch[old]
         batch[GENERATION_KEY] = self._gen[idx]
         return tree.from_columns(batch), idx, weights
 
@@ -294,8 +314,8 @@ class ReplayBuffer:
     # ---------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
         """Snapshot made of numpy arrays and python scalars only (arrays copied): the live items in slot
-        order (until the ring wraps, slots [0, size)), the generations of every slot written, and the
-        frame ring of a framed replay under "frames"."""
+        order (until the ring wraps, slots [0, size)), the generations of every slot written, and each
+        frame ring of a framed replay under its frames key ("frames" for a flat observation's)."""
         rng = self._rng.bit_generator.state
         live = np.sort(self._live())
         written = self.capacity if self._gen[self._cursor:].any() else self._cursor
@@ -319,8 +339,8 @@ class ReplayBuffer:
         }
         for k, v in (self._storage or {}).items():
             state[_STORAGE_PREFIX + k] = v[live]
-        if self._frames is not None:
-            state[_FRAMES_STATE] = self._frames.state_dict()
+        for c, ring in self._frames.items():
+            state[framed_key(_FRAMES_STATE, c)] = ring.state_dict()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -333,7 +353,7 @@ class ReplayBuffer:
         storage = {k[len(_STORAGE_PREFIX):]: _scattered(v, live, self.capacity)
                    for k, v in state.items() if k.startswith(_STORAGE_PREFIX)}
         self._storage = storage or None
-        self._frames = FrameRing.from_state(state[_FRAMES_STATE]) if _FRAMES_STATE in state else None
+        self._frames = {c: FrameRing.from_state(state[framed_key(_FRAMES_STATE, c)]) for c in framed_columns(state)}
         self._sample_count = int(state["sample_count"])
         self._max_priority = float(state["max_priority"])
         gen = np.asarray(state["generations"], np.int64)
@@ -346,6 +366,18 @@ class ReplayBuffer:
             "has_uint32": int(state["rng_has_uint32"]),
             "uinteger": int(state["rng_uinteger"]),
         }
+
+
+@functools.cache
+def _ref_keys(column: str) -> tuple[str, str, str]:
+    """A framed column's item keys: its obs ref, next-obs ref and oldest frame."""
+    return framed_key(OBS_REF, column), framed_key(NEXT_REF, column), framed_key(OLDEST_KEY, column)
+
+
+@functools.cache
+def _message_keys(column: str) -> tuple[str, ...]:
+    """A framed column's message keys (`MESSAGE_KEYS`)."""
+    return tuple(framed_key(k, column) for k in MESSAGE_KEYS)
 
 
 def _scattered(rows: np.ndarray, slots: np.ndarray, capacity: int) -> np.ndarray:

@@ -12,6 +12,9 @@ same stream's previous chain ended with a stack equal to it bit for bit (still a
 than ``link_age`` frames old so the replay's search for stale items stays short), that stack is
 reused: the message's copy is not written and the rest of the chain links to it. So a step costs
 one frame whatever the fragment length.
+
+A ring of single frames (``stack`` 0: a structured observation's image leaf) holds stacks of one and gives
+each as its frame, without a stack axis.
 """
 from __future__ import annotations
 
@@ -24,12 +27,14 @@ from distrl.replay.frames import (CHAIN_HEAD, CHAIN_KEY, CHAIN_TAIL, FRAMES, KIN
 
 
 class FrameRing:
-    """A ring of ``capacity`` frames of one shape and dtype, stacks of ``stack`` frames, streams' last stacks."""
+    """A ring of ``capacity`` frames of one shape and dtype, stacks of ``stack`` frames (0: single frames),
+    streams' last stacks."""
 
     def __init__(self, capacity: int, frame_shape: tuple, dtype, stack: int):
-        if capacity < 2 * stack:
-            raise ValueError(f"a frame ring of {capacity} frames cannot hold two stacks of {stack}")
         self.capacity, self.stack = int(capacity), int(stack)
+        self.k = max(1, self.stack)  # frames per stack
+        if capacity < 2 * self.k:
+            raise ValueError(f"a frame ring of {capacity} frames cannot hold two stacks of {self.k}")
         self.frames = np.zeros((self.capacity, *frame_shape), dtype)
         self.links = np.full(self.capacity, -1, np.int64)
         self.count = 0         # frames ever written
@@ -62,11 +67,13 @@ class FrameRing:
             and int(np.asarray(msg[STACK]).reshape(-1)[0]) == self.stack
 
     def indices(self, newest: np.ndarray) -> np.ndarray:
-        """(..., stack) absolute frame indices of the stacks ending at ``newest`` (-1: zeros)."""
-        return stack_indices(self.links, newest, self.stack, self.capacity)
+        """(..., k) absolute frame indices of the stacks ending at ``newest`` (-1: zeros)."""
+        return stack_indices(self.links, newest, self.k, self.capacity)
 
     def stacks(self, newest: np.ndarray) -> np.ndarray:
-        """The stacks ending at ``newest`` (...,), rebuilt: (..., stack, *frame)."""
+        """The stacks ending at ``newest`` (...,), rebuilt: (..., stack, *frame); single frames (..., *frame)."""
+        if not self.stack:
+            return np.take(self.frames, np.asarray(newest) % self.capacity, axis=0)
         return take_stacks(self.frames, self.indices(newest), self.capacity)
 
     def oldest(self, newest: np.ndarray) -> np.ndarray:
@@ -110,8 +117,8 @@ class FrameRing:
         if not cand:
             return out
         es, ends = (np.array(x, np.int64) for x in zip(*cand))
-        mine = take_stacks(frames, stack_indices(local_links(kinds), heads[es], self.stack))
-        theirs = self.stacks(ends)
+        mine = take_stacks(frames, stack_indices(local_links(kinds), heads[es], self.k))
+        theirs = take_stacks(self.frames, self.indices(ends), self.capacity)  # (n, k, *frame), as mine
         same = (mine == theirs).reshape(len(es), -1).all(axis=1) if mine.dtype == np.uint8 else \
             (mine.view(np.uint8) == theirs.view(np.uint8)).reshape(len(es), -1).all(axis=1)
         out[es[same]] = ends[same]

@@ -1,4 +1,4 @@
-"""Stacked observations stored as their frames, each frame once (the worker's half).
+"""Stacked observations and image leaves stored as their frames, each frame once (the worker's half).
 
 An env with ``EnvSpec.frame_stack = k`` emits observations that are stacks of k frames, each
 step's stack the previous one shifted by a frame. Storing every transition's ``obs`` and
@@ -19,9 +19,17 @@ themselves (bit for bit), so a stack is never rebuilt across an episode start or
 discontinuity, and a rebuilt stack always equals the emitted one. Chains carry a stream key
 (one per env of this encoder) so the replay can join a fragment's first stack to the same
 env's previous fragment instead of storing it again (`distrl.replay.frame_ring`).
+
+Image leaves. A structured observation's image leaf (uint8, 3 dims: MiniGrid's ``image``, VizDoom's
+``screen``) is one frame per step, not a stack: it is kept the same way as a stack of one (``frame_stack``
+0 in the encoder and the message), so the obs and next obs of a transition share the frame stored once,
+where storing both would copy it twice. The observation's other leaves travel per item as they are. A message names each
+observation column it keeps as frames (`framed_key`): the bare keys are a flat observation's stacks
+(column ``obs``), ``<key>/<column>`` an image leaf's (``frames/obs.image``, ``obs_frame/obs.image``).
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import numpy as np
@@ -36,6 +44,29 @@ MESSAGE_KEYS = (FRAMES, KINDS, CHAIN_KEY, CHAIN_HEAD, CHAIN_TAIL, STACK)
 # Item keys: the newest frame of the obs stack and of the (n-step) next-obs stack.
 OBS_REF, NEXT_REF = "obs_frame", "next_obs_frame"
 PREV, SELF, ZERO = 0, 1, 2
+FLAT = "obs"  # the column of a flat observation (a structured one's leaves: `obs.<key>`, `distrl.tree.to_columns`)
+
+
+@functools.cache  # called per key and message on the replay's add path: a lookup, not a format
+def framed_key(key: str, column: str) -> str:
+    """A message's (or a replay's) `key` for the frames of observation column `column`."""
+    return key if column == FLAT else f"{key}/{column}"
+
+
+def framed_columns(msg) -> list[str]:
+    """The observation columns whose frames a message (or a replay's state) holds."""
+    if FRAMES in msg:  # a flat observation's stacks: its one column (a structured observation has no `obs` column)
+        return [FLAT]
+    return [k[len(FRAMES) + 1:] for k in msg if k.startswith(FRAMES + "/")]
+
+
+def frame_stacks(columns: dict[str, np.ndarray], frame_stack: int) -> dict[str, int]:
+    """The observation columns (T, E, ...) replay keeps as frames, with their stack sizes: a flat observation
+    of stacks (``frame_stack`` > 0), else a structured observation's image leaves (uint8, 3 dims), each a
+    single frame (0)."""
+    if frame_stack:
+        return {FLAT: frame_stack}
+    return {c: 0 for c, v in columns.items() if c != FLAT and v.dtype == np.uint8 and v.ndim == 5}
 
 
 def local_links(kinds: np.ndarray) -> np.ndarray:
@@ -96,12 +127,14 @@ def _padding(stacks: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 class FrameEncoder:
-    """Encodes a worker's (T, E) fragments of stacked observations as frame chains, one per env."""
+    """Encodes a worker's (T, E) fragments of stacked observations (``frame_stack`` k >= 1 frames each) or
+    single frames (``frame_stack`` 0: an image leaf) as frame chains, one per env."""
 
     def __init__(self, frame_stack: int, seed: int = 0):
-        if frame_stack < 1:
-            raise ValueError(f"frame_stack must be >= 1, got {frame_stack}")
-        self.k = int(frame_stack)
+        if frame_stack < 0:
+            raise ValueError(f"frame_stack must be >= 0 (0: single frames), got {frame_stack}")
+        self.stack = int(frame_stack)
+        self.k = max(1, self.stack)  # a single frame is a stack of one without its stack axis
         self._rng = np.random.Generator(np.random.PCG64(seed))
         self.keys: np.ndarray | None = None
 
@@ -118,6 +151,8 @@ class FrameEncoder:
         """(message frames, obs_ref, next_ref): refs (T, E) are the newest frame of each step's obs
         and next-obs stack within the message's frames. Frames are ordered env by env, in time."""
         obs, next_obs, done = np.asarray(obs), np.asarray(next_obs), np.asarray(done, bool)
+        if not self.stack:
+            obs, next_obs = obs[:, :, None], next_obs[:, :, None]
         T, E, k = done.shape[0], done.shape[1], self.k
         if obs.shape[:3] != (T, E, k) or next_obs.shape != obs.shape:
             raise ValueError(f"obs and next_obs must be (T, E, {k}, ...) stacks, got {obs.shape}, {next_obs.shape}")
@@ -143,7 +178,7 @@ class FrameEncoder:
         kinds[base[fresh]], kinds[(base + c_obs)[~cont]] = obs_kind[fresh], nxt_kind[~cont]
         msg = {FRAMES: frames, KINDS: kinds, CHAIN_KEY: self._stream_keys(E).copy(),
                CHAIN_HEAD: obs_ref[:, 0].copy(), CHAIN_TAIL: next_ref[:, -1].copy(),
-               STACK: np.array([k], np.int64)}
+               STACK: np.array([self.stack], np.int64)}
         return msg, obs_ref.T, next_ref.T
 
 
@@ -156,22 +191,34 @@ def _place(out: np.ndarray, stacks: np.ndarray, at: np.ndarray, counts: np.ndarr
     out[at[seg] + within] = stacks[seg % T, seg // T, first[seg] + within]
 
 
-def frame_transitions(encoder: FrameEncoder, obs, actions, rewards, terminated, truncated, next_obs,
-                      gamma: float, n: int) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
-    """A (T, E) fragment's n-step transitions with their stacks as frames: (message, rows, boot_rows).
+def frame_transitions(encoders: dict[str, FrameEncoder], obs: dict[str, np.ndarray], actions, rewards, terminated,
+                      truncated, next_obs: dict[str, np.ndarray], gamma: float, n: int
+                      ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+    """A (T, E) fragment's n-step transitions, the observation columns in ``encoders`` as frames: (message,
+    rows, boot_rows).
 
-    The message holds the frames (`MESSAGE_KEYS`) and, per item, actions, rewards, discounts and
-    the refs `OBS_REF`/`NEXT_REF`. Items are ordered env by env like the frames, so later items
-    never need older frames. ``rows``/``boot_rows`` are each item's step and bootstrap step as flat
-    indices into the (T, E) arrays (for the worker's own priorities).
+    ``obs`` and ``next_obs`` map observation columns (``obs``, or a structured observation's ``obs.<key>``)
+    to (T, E, ...) arrays. The message holds, per encoded column, its frames (`MESSAGE_KEYS`) and per item
+    its refs `OBS_REF`/`NEXT_REF` (each under `framed_key`); per item the other columns (``<column>``,
+    ``next_<column>``), actions, rewards and discounts. Items are ordered env by env like the frames, so
+    later items never need older frames. ``rows``/``boot_rows`` are each item's step and bootstrap step as
+    flat indices into the (T, E) arrays (for the worker's own priorities).
     """
     terminated, truncated = np.asarray(terminated, bool), np.asarray(truncated, bool)
     T, E = terminated.shape
-    msg, obs_ref, next_ref = encoder.encode(obs, next_obs, terminated | truncated)
     steps = np.arange(T * E).reshape(T, E)
     tr = nstep_transitions(steps, actions, rewards, terminated, truncated, steps, gamma, n)
     order = steps.T.ravel()
     rows, boot = tr["obs"][order], tr["next_obs"][order]
-    msg.update(actions=tr["actions"][order], rewards=tr["rewards"][order], discounts=tr["discounts"][order])
-    msg[OBS_REF], msg[NEXT_REF] = obs_ref.ravel()[rows], next_ref.ravel()[boot]
+    msg = {"actions": tr["actions"][order], "rewards": tr["rewards"][order], "discounts": tr["discounts"][order]}
+    for column, x in obs.items():
+        enc, nxt = encoders.get(column), next_obs[column]
+        if enc is None:  # stored per item, as a replay without frames stores it
+            msg[column] = x.reshape(T * E, *x.shape[2:])[rows]
+            msg["next_" + column] = nxt.reshape(T * E, *nxt.shape[2:])[boot]
+            continue
+        frames, obs_ref, next_ref = enc.encode(x, nxt, terminated | truncated)
+        msg.update({framed_key(k, column): v for k, v in frames.items()})
+        msg[framed_key(OBS_REF, column)] = obs_ref.ravel()[rows]
+        msg[framed_key(NEXT_REF, column)] = next_ref.ravel()[boot]
     return msg, rows, boot

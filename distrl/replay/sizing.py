@@ -2,12 +2,15 @@
 
 The same arithmetic as the stores' arrays (`ReplayBuffer`, its `FrameRing`, `SequenceReplay`), so a
 capacity the machine cannot hold is refused by what the replay would really take: observations as
-stored (floats as float32, uint8 and bool as themselves), each frame once when observations stack
-frames, and the per-item fields, generation and sum-tree share next to them.
+stored (floats as float32, uint8 and bool as themselves, a structured observation's leaves summed), each
+frame once when observations stack frames or are a structured observation's image leaves, and the per-item
+fields, generation and sum-tree share next to them.
 """
 from __future__ import annotations
 
 import numpy as np
+
+from distrl import tree
 
 _LINK = 8           # a frame's int64 link to the frame before it
 _FRAME_REFS = 3 * 8  # a framed item's obs, next-obs and oldest frame (int64)
@@ -17,9 +20,22 @@ _CHUNK_META = 3 * 8  # a chunk slot's key, length and refcount (int64)
 
 
 def stored_bytes(space) -> int:
-    """Bytes of one value of a Box-like space as replay stores it: floats as float32, else its own dtype."""
+    """Bytes of one value of a space as replay stores it: floats as float32, else its own dtype (a Discrete
+    as int64); a structured observation's leaves summed."""
+    return sum(_leaf_bytes(s) for _, s in tree.leaf_spaces(space))
+
+
+def _leaf_bytes(space) -> int:
     dtype = np.dtype(getattr(space, "dtype", None) or np.float32)
     return int(np.prod(getattr(space, "shape", None) or (1,))) * (4 if dtype.kind == "f" else dtype.itemsize)
+
+
+def _image_leaves(space) -> list[int]:
+    """Bytes of each image leaf (uint8, 3 dims) of a structured observation, which replay keeps as frames."""
+    if not tree.is_structured(space):
+        return []
+    return [_leaf_bytes(s) for _, s in tree.leaf_spaces(space)
+            if len(getattr(s, "shape", None) or ()) == 3 and getattr(s, "dtype", None) == np.uint8]
 
 
 def action_bytes(space) -> int:
@@ -35,15 +51,17 @@ def tree_bytes(capacity: int) -> float:
 
 def flat_item_bytes(obs_space, action_space, capacity: int, frame_stack: int = 0, num_agents: int = 1,
                     prioritized: bool = True) -> int:
-    """Bytes per item of a flat replay of ``capacity`` items (Ape-X DQN, SAC): obs and next_obs stacks, or
-    with ``frame_stack`` > 0 one frame and its link (the ring holds about one frame per item) and refs."""
+    """Bytes per item of a flat replay of ``capacity`` items (Ape-X DQN, SAC): obs and next_obs, or with
+    ``frame_stack`` > 0 one frame and its link (the ring holds about one frame per item) and refs; a
+    structured observation's image leaves each as one frame, link and refs, its other leaves twice."""
     obs = stored_bytes(obs_space) * num_agents
     per = action_bytes(action_space) + _FLAT_FIELDS + (tree_bytes(capacity) if prioritized else 0)
     if frame_stack > 0:
         ring = capacity + 2 * frame_stack  # FrameRing's capacity in ReplayBuffer
-        per += _FRAME_REFS + (obs // frame_stack + _LINK) * ring / capacity
-    else:
-        per += 2 * obs
+        return int(np.ceil(per + _FRAME_REFS + (obs // frame_stack + _LINK) * ring / capacity))
+    images = _image_leaves(obs_space)
+    ring = capacity + 2  # a ring of single frames
+    per += 2 * (obs - sum(images)) + sum(_FRAME_REFS + (b + _LINK) * ring / capacity for b in images)
     return int(np.ceil(per))
 
 

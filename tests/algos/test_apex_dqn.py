@@ -3,7 +3,9 @@ import pytest
 import torch
 from gymnasium import spaces
 
+from distrl import tree
 from distrl.algos.apex_dqn import ApexDQN, QNetwork
+from distrl.algos.common import nstep_items
 from distrl.algos.qlearning import epsilon_greedy, worker_epsilon
 from distrl.config import load_config
 from distrl.core import EnvSpec, Trajectory
@@ -13,7 +15,7 @@ from distrl.replay import ReplayBuffer
 from distrl.roles.factory import make_algorithm
 from distrl.roles.learning import update_once
 from tests.algos.same_network import check_acts_with_the_learners_network
-from tests.replay.stacking import Runner, make_envs
+from tests.replay.stacking import LeafEnv, Runner, make_envs, make_leaf_envs
 
 
 @pytest.fixture
@@ -184,6 +186,43 @@ def test_frames_stored_once_sample_the_stacks_the_env_emitted(padding):
             assert np.array_equal(batch[n][0], np.stack([naive[int(u)][n] for u in batch["uid"][0]])), n
         out = update_once(learner, {**{n: v[0] for n, v in batch.items()}, "weights": w[0]})
         buf.update_priorities(idx[0], out["priorities"], batch["_generation"][0])
+
+
+def test_image_leaves_of_a_dict_observation_are_stored_once_and_reach_the_learner_as_uint8():
+    """A Dict observation with image leaves (one inside a Tuple) through the real postprocess into replay: the
+    images travel as frames, once each, and every sampled obs and n-step next obs equals the per-step
+    transition (`nstep_items`, what replay stores without frames) across episode ends and eviction; the
+    learner trains on the uint8 images."""
+    space = LeafEnv().observation_space
+    algo = make_algorithm(load_config(None, ["model.features=16", "model.hidden=[16]", "apex_dqn.n_step=3",
+                                             "apex_dqn.gamma=0.9"]), EnvSpec(space, spaces.Discrete(2)))
+    learner, policy = algo.make_learner("cpu"), algo.make_policy(0, 1, 0)
+    policy.set_weights(learner.get_weights(), 0)
+    runner, buf, naive = Runner(make_leaf_envs(3, seed=4), 4), ReplayBuffer(120, seed=4), {}
+    for i in range(16):
+        traj = runner.rollout([1, 4, 9][i % 3], act=lambda o: policy.act(o, explore=True))
+        items, prios = policy.postprocess(traj)
+        want, boot = nstep_items(traj, 0.9, 3)
+        T, E = traj.rewards.shape
+        order = np.arange(T * E).reshape(T, E).T.ravel()  # framed items come env by env
+        assert {"frames/obs.image", "frames/obs.views#0", "obs.direction", "next_obs.views#1"} <= set(items)
+        # a frame per step, plus each env's first observation and one after each episode end
+        starts = E + int((traj.terminated | traj.truncated)[:-1].sum())
+        assert items["frames/obs.image"].dtype == np.uint8 and len(items["frames/obs.image"]) <= T * E + starts
+        uid = len(naive) + np.arange(T * E)
+        naive.update({int(u): {n: tree.index(want[n], j) for n in ("obs", "next_obs", "rewards", "discounts")}
+                      for u, j in zip(uid, order)})
+        buf.add({**items, "uid": uid}, prios)
+        batch, idx, w = buf.sample(32)
+        for n in ("obs", "next_obs", "rewards", "discounts"):
+            expected = tree.stack([naive[int(u)][n] for u in batch["uid"]])
+            assert tree.structure_text(batch[n]) == tree.structure_text(expected)
+            for got, exp in zip(tree.leaves(batch[n]), tree.leaves(expected)):
+                assert got.dtype == exp.dtype and np.array_equal(got, exp), n
+        assert batch["obs"]["image"].dtype == batch["next_obs"]["views"][0].dtype == np.uint8
+        out = update_once(learner, {**{k: v for k, v in batch.items() if k != "uid"}, "weights": w})
+        assert np.isfinite(out["loss"])
+        buf.update_priorities(idx, out["priorities"], batch["_generation"])
 
 
 def test_rejects_continuous_actions():

@@ -20,7 +20,7 @@ from distrl.replay.sequences import SequenceAdder
 from distrl.replay.store import digest
 from distrl.roles.factory import make_algorithm
 from tests.algos.same_network import check_acts_with_the_learners_network
-from tests.replay.stacking import Runner, make_envs
+from tests.replay.stacking import LeafEnv, Runner, make_envs, make_leaf_envs
 
 SPEC = EnvSpec(spaces.Box(-1.0, 1.0, (3,), np.float32), spaces.Discrete(3))
 
@@ -282,6 +282,38 @@ def test_framed_sequence_replay_round_trips_through_the_checkpoint_file(tmp_path
     np.testing.assert_array_equal(ia, ib)
     assert all(np.array_equal(x[k], y[k]) for k in x)
     assert digest(fresh.state_dict()) == digest(buf.state_dict())
+
+
+def test_image_leaves_of_a_dict_observation_are_stored_once_per_step_and_sampled_as_uint8():
+    """Sequence replay keeps each step's observation once (the next one is the next step's, an episode's
+    last in its pseudo-step), so a Dict's image leaves already cost a frame per stored step: each chunk is
+    sent once, its images are the steps' own, and the learner trains on them as uint8."""
+    from distrl import tree
+    from distrl.roles.learning import update_once
+
+    cfg = make_cfg(2, 4, 2, "model.features=16", "sequence.chunk_length=4", "sequence.period=2")
+    algo = make_algo(cfg, EnvSpec(LeafEnv().observation_space, spaces.Discrete(2)))
+    learner, policy = algo.make_learner("cpu"), algo.make_policy(0, 1, 3)
+    policy.set_weights(learner.get_weights(), 0)
+    runner, buf = Runner(make_leaf_envs(2, seed=5), 5), SequenceReplay(200, policy.sequence_length)
+    sent, steps, emitted = set(), 0, set()
+    for _ in range(12):
+        traj = runner.rollout(5, act=lambda o: policy.act(o, explore=True), ended=policy.episodes_ended)
+        steps += traj.rewards.size + int((traj.terminated | traj.truncated).sum())  # + pseudo-steps
+        emitted |= {x.tobytes() for x in (*tree.flatten_lead(traj.obs, 2)["image"],
+                                          *tree.flatten_lead(traj.next_obs, 2)["image"])}
+        msg, prios = policy.postprocess(traj)
+        assert msg["chunk/obs.image"].dtype == np.uint8 and msg["chunk/obs.image"].shape[1:] == (4, 7, 7, 3)
+        assert not any(k.startswith("frames/") or "next" in k for k in msg)
+        assert not sent & set(msg["chunk/key"].tolist())  # a chunk's images travel once
+        sent |= set(msg["chunk/key"].tolist())
+        buf.add(msg, prios)
+    assert len(sent) * 4 >= buf.stored_steps and buf.stored_steps <= steps
+    batches, idx, w = buf.sample_many(1, 16)
+    batch = {k: v[0] for k, v in batches.items()} | {"weights": w[0]}
+    images = batch["obs.image"][batch["valid"] > 0]
+    assert images.dtype == batch["obs.views#0"].dtype == np.uint8 and {x.tobytes() for x in images} <= emitted
+    assert np.isfinite(update_once(learner, batch)["loss"])
 
 
 def test_stacks_that_do_not_shift_are_refused():

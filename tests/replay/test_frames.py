@@ -7,11 +7,10 @@ import pytest
 from distrl.checkpoint.read import _join_store
 from distrl.checkpoint.store_file import save_store
 from distrl.replay import ReplayBuffer
-from distrl.replay.frames import (FRAMES, KINDS, NEXT_REF, OBS_REF, FrameEncoder, frame_transitions,
-                                  local_links, stack_indices, take_stacks)
+from distrl.replay.frames import FRAMES, KINDS, NEXT_REF, OBS_REF, FrameEncoder, local_links, stack_indices, take_stacks
 from distrl.replay.nstep import nstep_transitions
 from distrl.replay.store import digest
-from tests.replay.stacking import Runner, make_envs
+from tests.replay.stacking import Runner, flat_transitions, make_envs
 
 K, GAMMA, N = 4, 0.9, 3
 
@@ -39,8 +38,7 @@ class Feed:
     def message(self, T: int) -> tuple[dict, np.ndarray]:
         """The next fragment's framed message (items tagged "uid") and priorities."""
         traj = self.runner.rollout(T)
-        msg, rows, _ = frame_transitions(self.encoder, traj.obs, traj.actions, traj.rewards, traj.terminated,
-                                         traj.truncated, traj.next_obs, GAMMA, N)
+        msg, rows, _ = flat_transitions(self.encoder, traj, GAMMA, N)
         ref = _naive(traj)
         ids = self.items + np.arange(len(rows))
         self.items += len(rows)
@@ -65,8 +63,7 @@ def test_encoded_fragments_rebuild_every_stack_bit_for_bit(padding, T):
     runner, enc = Runner(make_envs(3, K, padding, seed=T), seed=T), FrameEncoder(K, 0)
     for _ in range(12):
         traj = runner.rollout(T)
-        msg, rows, boot = frame_transitions(enc, traj.obs, traj.actions, traj.rewards, traj.terminated,
-                                            traj.truncated, traj.next_obs, GAMMA, N)
+        msg, rows, boot = flat_transitions(enc, traj, GAMMA, N)
         ref = _naive(traj)
         np.testing.assert_array_equal(_decode(msg, msg[OBS_REF]), ref["obs"][rows])
         np.testing.assert_array_equal(_decode(msg, msg[NEXT_REF]), ref["next_obs"][rows])
@@ -177,8 +174,7 @@ def test_bad_framed_messages_change_nothing():
     feed = Feed(buf, "reset")
     feed.fragment(T=3)
     traj = feed.runner.rollout(3)
-    msg, rows, _ = frame_transitions(feed.encoder, traj.obs, traj.actions, traj.rewards, traj.terminated,
-                                     traj.truncated, traj.next_obs, GAMMA, N)
+    msg, rows, _ = flat_transitions(feed.encoder, traj, GAMMA, N)
     msg["uid"] = np.arange(len(rows))
     before = digest(buf.state_dict())
     for bad in ({**msg, OBS_REF: msg[OBS_REF] + 10**6}, {**msg, FRAMES: msg[FRAMES][:, :2]},

@@ -3,11 +3,11 @@ import numpy as np
 from gymnasium import spaces
 
 from distrl.replay import ReplayBuffer
-from distrl.replay.frames import FrameEncoder, frame_transitions
+from distrl.replay.frames import FrameEncoder
 from distrl.replay.sequence_replay import SequenceReplay
 from distrl.replay.sequences import SequenceAdder
 from distrl.replay.sizing import flat_item_bytes, sequence_step_bytes, tree_bytes
-from tests.replay.stacking import Runner, make_envs
+from tests.replay.stacking import Runner, flat_transitions, make_envs
 
 K = 4
 FRAME = spaces.Box(0, 255, (K, 84, 84), np.uint8)
@@ -25,8 +25,7 @@ def _fill(buf: ReplayBuffer, runner: Runner, fragments: int, T: int) -> None:
     enc = FrameEncoder(K, 0)
     for _ in range(fragments):
         t = runner.rollout(T)
-        msg, rows, _ = frame_transitions(enc, t.obs, t.actions, t.rewards, t.terminated, t.truncated, t.next_obs,
-                                         0.99, 3)
+        msg, rows, _ = flat_transitions(enc, t, 0.99, 3)
         buf.add({**msg, "version": np.zeros(len(rows), np.int32)})
 
 
