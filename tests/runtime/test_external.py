@@ -56,15 +56,18 @@ def test_the_stdlib_protocol_simulator_has_no_distrl_inside():
 
 
 def test_ppo_learns_cartpole_from_a_stdlib_simulator_and_a_local_inference_client(tmp_path):
-    """Single mode: the server is a thread of the driver. 475 (greedy, 20 episodes) well within the step budget
-    (it takes 15-30 s on a fast 2-core VM, up to ~90 s on a slow one beside the suite's other process); the
-    clients play until the run ends, its solve or its time limit (there only against a hang)."""
+    """Single mode: the server is a thread of the driver. 475 (greedy, 20 episodes) within the step budget (it
+    takes 15-30 s on a fast 2-core VM, up to ~90 s on a slow one beside the suite's other process); the clients
+    play until the run ends, its solve or its time limit (there only against a hang). The config solves CartPole
+    in 9-32 k env steps with its own workers; here the local client acts on weights up to a second old, and a
+    fresh clone's suite had a run whose greedy score reached 469 at 10 k steps, fell back to 200-280 and was
+    climbing again at 60 k: the budget leaves room for such a relapse."""
     run_dir = str(tmp_path / "run")
     sims = [simulator(run_dir, 600, 1, "stdlib"),
             simulator(run_dir, 600, 2, "--inference", "local", "--weights-interval", "1", "--reconnect", "2")]
     try:
         summary = train(os.path.join(ROOT, "configs", "ppo_cartpole.yaml"), run_dir=run_dir,
-                        overrides=["external.enabled=true", "log.progress=false", "stop.max_env_steps=60000",
+                        overrides=["external.enabled=true", "log.progress=false", "stop.max_env_steps=150000",
                                    "stop.max_seconds=400"])
     finally:
         outs = [result(p) for p in sims]
