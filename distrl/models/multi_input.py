@@ -7,6 +7,10 @@ codes 0-10 would be scaled to 0-0.04); any other Box is flattened (uint8 scaled,
 as 0/1); a Discrete is one-hot, a MultiDiscrete one-hot per factor, a MultiBinary its 0/1 entries. The
 features of every leaf, in the tree's order, go through `model.hidden`'s layers. The `action_mask` leaf is
 no input: the heads apply it (`distrl.models.masking`).
+
+The first layer's product with a one-hot code is a lookup of the weight's columns the codes pick: the same
+parameters and the same function as the product, without multiplying the zeros (Taxi's 500 states, 256
+rows: 620 -> 170 us for the layer's forward and backward on one core).
 """
 from __future__ import annotations
 
@@ -28,11 +32,21 @@ class OneHot(nn.Module):
         super().__init__()
         self.sizes = [int(n) for n in sizes]
         self.register_buffer("starts", torch.as_tensor(starts, dtype=torch.int64), persistent=False)
+        offsets = np.concatenate([[0], np.cumsum(self.sizes)[:-1]])  # each factor's first column
+        self.register_buffer("offsets", torch.as_tensor(offsets, dtype=torch.int64), persistent=False)
         self.out_features = int(sum(self.sizes))
 
+    def codes(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, k): each factor's code from 0."""
+        return (x.reshape(x.shape[0], -1).long() - self.starts).clamp_(min=0)  # shape[0]: a traced batch axis
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        codes = (x.reshape(x.shape[0], -1).long() - self.starts).clamp_(min=0)  # shape[0]: a traced batch axis
+        codes = self.codes(x)
         return torch.cat([F.one_hot(codes[:, i], n).float() for i, n in enumerate(self.sizes)], dim=1)
+
+    def project(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """`F.linear(self(x), weight)`, as the sum of the weight's columns the codes pick."""
+        return weight.t()[self.codes(x) + self.offsets].sum(1)
 
 
 class Flat(nn.Module):
@@ -99,10 +113,22 @@ class MultiInputTorso(nn.Module):
         width = sum(e.out_features for e in self.encoders)
         self.layers = mlp([width, *model.hidden], ACTIVATIONS[model.activation])
         self.out_features = int(model.hidden[-1]) if model.hidden else width
+        ends = np.cumsum([e.out_features for e in self.encoders]).tolist()
+        self.columns = list(zip([0, *ends[:-1]], ends))  # each leaf's columns of the first layer's weight
+        self.lookup = bool(model.hidden) and any(isinstance(e, OneHot) for e in self.encoders)
 
     def forward(self, obs) -> torch.Tensor:
         leaves = [x for n, x in tree.named_leaves(obs) if n != tree.MASK_KEY]
-        return self.layers(torch.cat([e(x) for e, x in zip(self.encoders, leaves)], dim=1))
+        if not self.lookup:
+            return self.layers(torch.cat([e(x) for e, x in zip(self.encoders, leaves)], dim=1))
+        first, *rest = self.layers
+        h = first.bias
+        for e, x, (lo, hi) in zip(self.encoders, leaves, self.columns):
+            weight = first.weight[:, lo:hi]
+            h = h + (e.project(x, weight) if isinstance(e, OneHot) else F.linear(e(x), weight))
+        for layer in rest:
+            h = layer(h)
+        return h
 
 
 class VectorLeaves(nn.Module):

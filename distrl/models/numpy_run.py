@@ -170,7 +170,7 @@ _METHODS: dict[str, Callable] = {
     "reshape": lambda x, *shape: x.reshape(*shape), "view": lambda x, *shape: x.reshape(*shape),
     "relu": _relu, "sigmoid": _sigmoid, "size": lambda x, dim=None: x.shape if dim is None else x.shape[dim],
     "masked_fill": _masked_fill, "clamp": _clamp, "clamp_min": _clamp,
-    "logical_not": np.logical_not,
+    "logical_not": np.logical_not, "t": np.transpose,
     # In place on a value of the network's own making (a torso's float copy, a one-hot's codes): the value
     # is what counts here.
     "div_": operator.truediv, "clamp_": _clamp, "masked_fill_": _masked_fill,

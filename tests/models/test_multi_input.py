@@ -58,3 +58,20 @@ def test_a_symbolic_grid_s_codes_go_in_as_they_are_and_flat_scales_them_as_inten
     with pytest.raises(TorsoError, match="model.encoders.image: an image leaf takes one of .*, flat or codes, not 'pixels'"):
         make_torso(spaces.Dict({"image": spaces.Box(0, 255, (40, 40, 3), np.uint8)}),
                    ModelConfig(encoders={"image": "pixels"}))
+
+
+def test_the_first_layer_looks_up_one_hot_codes_as_the_product_would_compute_them():
+    small = spaces.Dict({"vars": spaces.Box(-1, 1, (2,), np.float32), "dir": spaces.Discrete(4, start=1),
+                         "keys": spaces.MultiDiscrete([2, 3]), "action_mask": spaces.MultiBinary(5)})
+    torch.manual_seed(0)
+    torso = make_torso(small, ModelConfig(hidden=[16, 8]))
+    assert torso.lookup
+    batch = tree.map(torch.as_tensor, tree.sample(small, 64))
+    leaves = [x for n, x in tree.named_leaves(batch) if n != tree.MASK_KEY]
+    product = torso.layers(torch.cat([e(x) for e, x in zip(torso.encoders, leaves)], dim=1))
+    looked_up = torso(batch)
+    torch.testing.assert_close(looked_up, product)
+    grads = [torch.autograd.grad(out.square().sum(), list(torso.parameters())) for out in (looked_up, product)]
+    for a, b in zip(*grads):  # the same parameters get the same gradients
+        torch.testing.assert_close(a, b)
+    assert not make_torso(small, ModelConfig(hidden=[])).lookup  # no layer to look up: the codes are the features
