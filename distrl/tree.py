@@ -190,6 +190,11 @@ def has_mask(space) -> bool:
     return isinstance(space, spaces.Dict) and MASK_KEY in space.spaces
 
 
+def with_mask(obs: Tree, mask) -> dict:
+    """`obs` with `mask` as its `action_mask` leaf: a dict's keys beside it, any other tree under the key `obs`."""
+    return {**obs, MASK_KEY: mask} if isinstance(obs, dict) else {"obs": obs, MASK_KEY: mask}
+
+
 def unflatten_like(tree: Tree, values: list) -> Tree:
     """A tree of `tree`'s structure holding `values` at its leaves, in order."""
     return optree.tree_unflatten(optree.tree_structure(tree), values)

@@ -56,3 +56,12 @@ def test_an_observation_with_other_keys_than_its_space_is_named():
 def test_leaves_no_network_takes_are_named():
     assert tree.leaf_problem(spaces.Text(5)) == "a Text, which gives no arrays a network takes"
     assert tree.leaf_problem(spaces.Discrete(3)) is None
+
+
+def test_a_mask_joins_a_dicts_keys_and_sits_beside_any_other_tree():
+    mask, a, pair = np.ones((2, 3), np.int8), np.zeros((2, 4)), (np.zeros(2), np.ones(2))
+    joined = tree.with_mask({"x": a}, mask)
+    assert list(joined) == ["x", "action_mask"] and joined["x"] is a and tree.mask_of(joined) is mask
+    for other in (a, pair):
+        beside = tree.with_mask(other, mask)
+        assert list(beside) == ["obs", "action_mask"] and beside["obs"] is other and tree.mask_of(beside) is mask

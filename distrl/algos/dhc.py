@@ -58,16 +58,6 @@ from distrl.models import RecurrentCore, make_torso
 from distrl.models.masking import apply_mask
 
 
-def lead_shape(obs) -> torch.Size:
-    """The shape of an observation's (first) leaf: its leading axes, (T, B, N) or (E, N), come first."""
-    return obs.shape if isinstance(obs, torch.Tensor) else tree.leaves(obs)[0].shape
-
-
-def each_leaf(fn, obs):
-    """`fn` on an observation tensor, or on each leaf of a structured one (a flat one skips the tree walk)."""
-    return fn(obs) if isinstance(obs, torch.Tensor) else tree.map(fn, obs)
-
-
 @dataclass
 class DHCConfig(QLearningConfig):
     comm: bool = f(True, "exchange messages between agents (off: independent parameter-shared agents)")
@@ -122,21 +112,21 @@ class DHCNetwork(nn.Module):
     def features(self, obs, rows: torch.Tensor | None) -> torch.Tensor:
         """(T, B*N, C) features of obs (T, B, N, ...); where `rows` is False the obs is zero, so
         those rows take the features of a zero observation, computed once."""
-        t, b, n = lead_shape(obs)[:3]
-        flat = each_leaf(lambda x: x.reshape(t * b * n, *x.shape[3:]), obs)
+        t, b, n = tree.leaves(obs)[0].shape[:3]
+        flat = tree.map(lambda x: x.reshape(t * b * n, *x.shape[3:]), obs)
         if rows is None or self.static or bool(rows.all()):  # static: a zero observation's features are the blank
             return self.encode(flat).view(t, b * n, -1)
         idx = torch.nonzero(rows.reshape(-1)).flatten()
-        blank = self.encode(each_leaf(lambda x: x.new_zeros(1, *x.shape[1:]), flat)).expand(t * b * n, -1)
+        blank = self.encode(tree.map(lambda x: x.new_zeros(1, *x.shape[1:]), flat)).expand(t * b * n, -1)
         if not len(idx):  # no stored step of an active agent (a batch of agents out at once): no rows to encode
             return blank.reshape(t, b * n, -1)
-        out = blank.index_copy(0, idx, self.encode(each_leaf(lambda x: x[idx], flat)))
+        out = blank.index_copy(0, idx, self.encode(tree.index(flat, idx)))
         return out.view(t, b * n, -1)
 
     def recurrent(self, obs, state, first, rows=None) -> tuple[torch.Tensor, torch.Tensor]:
         """Core outputs (T, B, N, C) and final state (B, N, S, C) from obs (T, B, N, ...), state
         (B, N, S, C), first (T, B) (zero every agent's state before such a step)."""
-        t, b, n = lead_shape(obs)[:3]
+        t, b, n = tree.leaves(obs)[0].shape[:3]
         agents_first = first[:, :, None].expand(t, b, n).reshape(t, b * n)
         out, final = self.core.unroll(self.features(obs, rows), state.reshape(b * n, *state.shape[2:]),
                                       agents_first)
@@ -164,8 +154,8 @@ class DHCNetwork(nn.Module):
         """One joint step of E envs: (Q (E, N, A), next state (E, N, S, C)) from {"obs" (E, N, ...; a tree of
         such leaves, its mask among them), "comm_mask" (E, N, N), "active" (E, N)} and states (E, N, S, C)."""
         x = obs["obs"]
-        e, n = lead_shape(x)[:2]
-        out, after = self.core.step(self.encode(each_leaf(lambda v: v.reshape(e * n, *v.shape[2:]), x)),
+        e, n = tree.leaves(x)[0].shape[:2]
+        out, after = self.core.step(self.encode(tree.map(lambda v: v.reshape(e * n, *v.shape[2:]), x)),
                                     state.reshape(e * n, *state.shape[2:]))
         q = self.q_values(out.view(e, n, -1), obs["comm_mask"], obs["active"], tree.mask_of(x))
         return q, after.view(e, n, *after.shape[1:])
@@ -181,20 +171,20 @@ class DHCLearner(SequenceQLearner, Learner):
         b = self.burn_in
         obs, first, state, cm, active = t["obs"], t["first"], t["state"], t["comm_mask"], t["active"]
         rows = (t["valid"] > 0)[..., None] & active.bool()  # stored steps of active agents
-        after = each_leaf(lambda x: x[b:], obs)
+        after = tree.index(obs, slice(b, None))
         mask = tree.mask_of(after)  # each step's legal actions: the targets' max is over the bootstrap step's
         with torch.no_grad():
             out, _ = self.target.recurrent(obs, state, first, rows)
             q_target = self.target.q_values(out[b:], cm[b:], active[b:], mask)
             if b:
-                _, state = self.q.recurrent(each_leaf(lambda x: x[:b], obs), state, first[:b], rows[:b])
+                _, state = self.q.recurrent(tree.index(obs, slice(None, b)), state, first[:b], rows[:b])
         out, _ = self.q.recurrent(after, state, first[b:], rows[b:])
         return self.q.q_values(out, cm[b:], active[b:], mask), q_target
 
     def loss_and_td(self, t: dict[str, torch.Tensor]):
         """(loss, td (length, B, N), Q of the taken actions (length, B, N), trained pairs (length, B, N))."""
         cfg, b, n = self.cfg, self.burn_in, self.length
-        self.check_steps(lead_shape(t["obs"])[0])
+        self.check_steps(tree.leaves(t["obs"])[0].shape[0])
         q, q_target = self._unroll_both(t)
         active = t["active"][b:].to(q.dtype)
         q_taken = q[:n].gather(-1, t["actions"][b:b + n].long().unsqueeze(-1)).squeeze(-1)

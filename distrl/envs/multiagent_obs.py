@@ -127,7 +127,7 @@ class AgentObservations:
                                     f"(step {step} of its episode)")
                 masks[i] = self._checked(info[MASK_KEY], a, step)
         stacked = out[0] if self.flat else tree.unflatten_like(self.skeleton, out)
-        return stacked if masks is None else _with_mask(stacked, masks)
+        return stacked if masks is None else tree.with_mask(stacked, masks)
 
     def _agent_leaves(self, i: int, obs) -> list[np.ndarray]:
         """Agent i's observation as its leaves in their stored dtypes (only the kept keys)."""
@@ -207,7 +207,3 @@ def _with_mask_space(inner, size: int) -> spaces.Dict:
     if isinstance(inner, spaces.Dict):
         return spaces.Dict({**inner.spaces, MASK_KEY: mask})
     return spaces.Dict({"obs": inner, MASK_KEY: mask})
-
-
-def _with_mask(obs: tree.Tree, masks: np.ndarray) -> dict:
-    return {**obs, MASK_KEY: masks} if isinstance(obs, dict) else {"obs": obs, MASK_KEY: masks}

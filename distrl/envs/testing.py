@@ -1,7 +1,7 @@
 """Environments for tests: faults (FlakyCartPole-v1, NaNCartPole-v1, HugeRewardCartPole-v1), one paced by
 the clock (WaitingCartPole-v1) and two with a Dict observation (DictCartPole-v1, DictPendulum-v1). Use
 as env.id "distrl.envs.testing:<name>". Two PettingZoo ParallelEnvs for MAPPO: MaskedAgents (action masks)
-and CueMemory (memory)."""
+and CueMemory (memory), on TeamEnv (a test's own team env starts from it too)."""
 from __future__ import annotations
 
 import gymnasium as gym
@@ -156,7 +156,24 @@ if "DictPendulum-v1" not in gym.envs.registry:
 
 
 # --- multi-agent (PettingZoo ParallelEnvs, for MAPPO; env.id "distrl.envs.testing:<name>") ------------------
-class MaskedAgents(ParallelEnv):
+class TeamEnv(ParallelEnv):
+    """`num_agents` agents (agent_0, agent_1, ...) for episodes of `length` steps: the names, the step `t`, and
+    the generator `np_random` that a reset with a seed renews."""
+
+    def __init__(self, num_agents: int, length: int):
+        self.possible_agents = [f"agent_{i}" for i in range(num_agents)]
+        self.agents: list[str] = []
+        self.length = length
+        self.np_random = np.random.default_rng()
+
+    def _start(self, seed: int | None) -> None:
+        """A reset's start: every agent in, at step 0 (`np_random` renewed from `seed` where one is given)."""
+        if seed is not None:
+            self.np_random = np.random.default_rng(seed)
+        self.agents, self.t = list(self.possible_agents), 0
+
+
+class MaskedAgents(TeamEnv):
     """Each agent's step allows a random half of 6 actions: a legal action earns 1, an illegal one -100 and
     ends the episode for every agent, so a team that only acts masked returns exactly `length` per agent.
     The mask is each agent's Dict observation's `action_mask` key (PettingZoo classic's layout: `observation`
@@ -166,10 +183,8 @@ class MaskedAgents(ParallelEnv):
     metadata = {"name": "masked_agents_v0", "is_parallelizable": True}
 
     def __init__(self, num_agents: int = 2, length: int = 20, mask_in: str = "obs", sizes: list | None = None):
-        self.possible_agents = [f"agent_{i}" for i in range(num_agents)]
-        self.agents: list[str] = []
-        self.length, self.mask_in, self.sizes = length, mask_in, list(sizes or [3])
-        self.np_random = np.random.default_rng()
+        super().__init__(num_agents, length)
+        self.mask_in, self.sizes = mask_in, list(sizes or [3])
 
     def _size(self, agent: str) -> int:
         return self.sizes[self.possible_agents.index(agent) % len(self.sizes)]
@@ -194,9 +209,7 @@ class MaskedAgents(ParallelEnv):
         return obs, infos
 
     def reset(self, seed=None, options=None):
-        if seed is not None:
-            self.np_random = np.random.default_rng(seed)
-        self.agents, self.t = list(self.possible_agents), 0
+        self._start(seed)
         return self._observe()
 
     def step(self, actions):
@@ -212,7 +225,7 @@ class MaskedAgents(ParallelEnv):
         return obs, rewards, term, trunc, infos
 
 
-class CueMemory(ParallelEnv):
+class CueMemory(TeamEnv):
     """Memory for a team: each agent sees its own cue (one of 2) at the episode's first step only, then
     nothing but the time, and at the last of `length` steps earns 1 for the action matching its cue (0 for
     the other; every earlier step earns 0). An agent that remembers returns 1, one that cannot 0.5 at best."""
@@ -220,10 +233,7 @@ class CueMemory(ParallelEnv):
     metadata = {"name": "cue_memory_v0", "is_parallelizable": True}
 
     def __init__(self, num_agents: int = 2, length: int = 4):
-        self.possible_agents = [f"agent_{i}" for i in range(num_agents)]
-        self.agents: list[str] = []
-        self.length = length
-        self.np_random = np.random.default_rng()
+        super().__init__(num_agents, length)
 
     def observation_space(self, agent):
         return spaces.Box(0, 1, (2 + self.length,), np.float32)  # the cue's one-hot, then the step's
@@ -242,9 +252,7 @@ class CueMemory(ParallelEnv):
         return obs
 
     def reset(self, seed=None, options=None):
-        if seed is not None:
-            self.np_random = np.random.default_rng(seed)
-        self.agents, self.t = list(self.possible_agents), 0
+        self._start(seed)
         self.cues = self.np_random.integers(0, 2, len(self.agents))
         return self._observe(), {a: {} for a in self.agents}
 

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import torch
 from gymnasium import spaces
-from pettingzoo.utils.env import ParallelEnv
 
 from distrl import train
 from distrl.algos.dhc import DHC
@@ -18,6 +17,7 @@ from distrl.api import evaluate
 from distrl.config import load_config
 from distrl.core import EnvSpec
 from distrl.envs.multiagent_vector import MultiAgentVectorEnv
+from distrl.envs.testing import TeamEnv
 from distrl.models.multi_input import MultiInputTorso
 from distrl.roles.factory import make_algorithm
 from distrl.roles.learning import update_once
@@ -257,7 +257,7 @@ def test_distrl_eval_plays_the_best_checkpoint_masked(masked_run):
 # ------------------------------------------------------------------ learning on a Dict observation
 
 
-class CueMatch(ParallelEnv):
+class CueMatch(TeamEnv):
     """Each agent's Dict observation: a cue (Discrete(4)), noise (a Box) and an action mask allowing the cue and
     each other action with probability 1/2, new every step. The cued action earns 1, another legal one 0, a
     masked one -10. Over 8 steps a team that reads the cue returns 8 per agent; acting uniformly among the
@@ -267,10 +267,7 @@ class CueMatch(ParallelEnv):
     N = 4
 
     def __init__(self, num_agents: int = 2, length: int = 8):
-        self.possible_agents = [f"agent_{i}" for i in range(num_agents)]
-        self.agents: list[str] = []
-        self.length = length
-        self.np_random = np.random.default_rng()
+        super().__init__(num_agents, length)
 
     def observation_space(self, agent):
         return spaces.Dict({"cue": spaces.Discrete(self.N), "noise": spaces.Box(-1, 1, (2,), np.float32),
@@ -290,9 +287,7 @@ class CueMatch(ParallelEnv):
         return obs
 
     def reset(self, seed=None, options=None):
-        if seed is not None:
-            self.np_random = np.random.default_rng(seed)
-        self.agents, self.t = list(self.possible_agents), 0
+        self._start(seed)
         return self._observe(), {a: {} for a in self.agents}
 
     def step(self, actions):

@@ -7,11 +7,13 @@ before shifted by a frame, padded at an episode start with copies of the first f
 zeros ("zero"). `LeafEnv` puts such frames in a structured observation: two image leaves (one inside
 a Tuple) beside a Discrete and a float leaf. `rollout` steps E such envs like a worker does and
 returns the `Trajectory`: ``next_obs`` holds the true final observation at an episode end, ``obs`` of
-the next step the reset one.
+the next step the reset one. `reloaded_alike` puts a buffer through the checkpoint file and checks the
+copy holds and samples what the original does.
 """
 from __future__ import annotations
 
 import itertools
+import json
 
 import gymnasium as gym
 import numpy as np
@@ -19,8 +21,12 @@ from gymnasium import spaces
 from gymnasium.wrappers import FrameStackObservation, TimeLimit
 
 from distrl import tree
+from distrl.checkpoint.read import _join_store
+from distrl.checkpoint.store_file import save_store
 from distrl.core import Trajectory
+from distrl.replay import ReplayBuffer
 from distrl.replay.frames import FrameEncoder, frame_transitions
+from distrl.replay.store import digest
 
 _counter = itertools.count(1)
 
@@ -133,3 +139,24 @@ def flat_transitions(encoder: FrameEncoder, traj: Trajectory, gamma: float, n: i
     """A flat stacked observation's framed message (its column "obs"), rows and bootstrap rows."""
     return frame_transitions({"obs": encoder}, {"obs": traj.obs}, traj.actions, traj.rewards, traj.terminated,
                              traj.truncated, {"obs": traj.next_obs}, gamma, n)
+
+
+def reloaded_alike(tmp_path, buf: ReplayBuffer, message) -> tuple[dict, dict]:
+    """`buf`'s state through the checkpoint file (no pickle) into a fresh buffer of its capacity and priorities,
+    which must hold the same; then the same five `message()`s (msg, priorities) into both must leave the same
+    contents and draw the same items. Returns both buffers' samples (2 batches of 16), the original's first."""
+    state = buf.state_dict()
+    skel = json.loads(json.dumps(save_store(str(tmp_path), state)))  # the checkpoint path: no pickle
+    with np.load(tmp_path / "store.npz", allow_pickle=False) as npz:
+        back = _join_store(skel, dict(npz), "store.npz")
+    fresh = ReplayBuffer(buf.capacity, prioritized=buf.prioritized, seed=99)
+    fresh.load_state_dict(back)
+    assert digest(fresh.state_dict()) == digest(state) and fresh.bytes_per_item == buf.bytes_per_item
+    for _ in range(5):  # the same fragments into both: identical contents, identical samples
+        msg, p = message()
+        buf.add(msg, p)
+        fresh.add(msg, p)
+    assert digest(fresh.state_dict()) == digest(buf.state_dict())
+    (xa, ia, _), (xb, ib, _) = buf.sample_many(2, 16), fresh.sample_many(2, 16)
+    np.testing.assert_array_equal(ia, ib)
+    return xa, xb

@@ -1,16 +1,12 @@
 """Frames stored once in flat replay: the encoder, the frame ring, and ReplayBuffer over framed messages."""
-import json
-
 import numpy as np
 import pytest
 
-from distrl.checkpoint.read import _join_store
-from distrl.checkpoint.store_file import save_store
 from distrl.replay import ReplayBuffer
 from distrl.replay.frames import FRAMES, KINDS, NEXT_REF, OBS_REF, FrameEncoder, local_links, stack_indices, take_stacks
 from distrl.replay.nstep import nstep_transitions
 from distrl.replay.store import digest
-from tests.replay.stacking import Runner, flat_transitions, make_envs
+from tests.replay.stacking import Runner, flat_transitions, make_envs, reloaded_alike
 
 K, GAMMA, N = 4, 0.9, 3
 
@@ -152,20 +148,7 @@ def test_state_round_trip_through_the_checkpoint_file(tmp_path, prioritized):
         if i % 3 == 0:
             batch, idx, _ = buf.sample_many(1, 8)
             buf.update_priorities(idx, feed.rng.random(idx.shape), batch["_generation"])
-    state = buf.state_dict()
-    skel = json.loads(json.dumps(save_store(str(tmp_path), state)))  # the checkpoint path: no pickle
-    with np.load(tmp_path / "store.npz", allow_pickle=False) as npz:
-        back = _join_store(skel, dict(npz), "store.npz")
-    fresh = ReplayBuffer(100, prioritized=prioritized, seed=99)
-    fresh.load_state_dict(back)
-    assert digest(fresh.state_dict()) == digest(state) and fresh.bytes_per_item == buf.bytes_per_item
-    for _ in range(5):  # the same fragments into both: identical samples, identical contents
-        msg, p = feed.message(T=4)
-        buf.add(msg, p)
-        fresh.add(msg, p)
-    assert digest(fresh.state_dict()) == digest(buf.state_dict())
-    (xa, ia, wa), (xb, ib, wb) = buf.sample_many(2, 16), fresh.sample_many(2, 16)
-    np.testing.assert_array_equal(ia, ib)
+    xa, xb = reloaded_alike(tmp_path, buf, lambda: feed.message(T=4))
     assert all(np.array_equal(xa[k], xb[k]) for k in xa)
 
 

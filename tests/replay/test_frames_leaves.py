@@ -1,21 +1,17 @@
 """Image leaves of a structured observation stored once per frame in flat replay: sampled batches equal
 per-step storage's, the bytes they save, checkpoints, and messages refused whole."""
-import json
-
 import numpy as np
 import pytest
 from gymnasium import spaces
 
 from distrl import tree
-from distrl.checkpoint.read import _join_store
-from distrl.checkpoint.store_file import save_store
 from distrl.replay import ReplayBuffer
 from distrl.replay.frames import (FRAMES, KINDS, NEXT_REF, OBS_REF, FrameEncoder, frame_stacks, frame_transitions,
                                   framed_key)
 from distrl.replay.nstep import nstep_transitions
 from distrl.replay.sizing import flat_item_bytes, tree_bytes
 from distrl.replay.store import digest
-from tests.replay.stacking import LeafEnv, Runner, make_leaf_envs
+from tests.replay.stacking import LeafEnv, Runner, make_leaf_envs, reloaded_alike
 
 GAMMA, N = 0.9, 3
 IMAGES = ["obs.image", "obs.views#0"]  # the Dict's image and the one inside its Tuple
@@ -123,19 +119,7 @@ def test_state_round_trip_through_the_checkpoint_file(tmp_path, prioritized):
             buf.update_priorities(idx, feed.rng.random(idx.shape), batch["_generation"])
     state = buf.state_dict()
     assert {framed_key(FRAMES, c) for c in IMAGES} <= set(state) and FRAMES not in state
-    skel = json.loads(json.dumps(save_store(str(tmp_path), state)))  # the checkpoint path: no pickle
-    with np.load(tmp_path / "store.npz", allow_pickle=False) as npz:
-        back = _join_store(skel, dict(npz), "store.npz")
-    fresh = ReplayBuffer(80, prioritized=prioritized, seed=99)
-    fresh.load_state_dict(back)
-    assert digest(fresh.state_dict()) == digest(state) and fresh.bytes_per_item == buf.bytes_per_item
-    for _ in range(5):  # the same fragments into both: identical contents, identical samples
-        msg, p = feed.message(T=4)
-        buf.add(msg, p)
-        fresh.add(msg, p)
-    assert digest(fresh.state_dict()) == digest(buf.state_dict())
-    (xa, ia, _), (xb, ib, _) = buf.sample_many(2, 16), fresh.sample_many(2, 16)
-    np.testing.assert_array_equal(ia, ib)
+    xa, xb = reloaded_alike(tmp_path, buf, lambda: feed.message(T=4))
     feed.check(xb)
     assert all(np.array_equal(a, b) for a, b in zip(tree.leaves(xa), tree.leaves(xb)))
 
