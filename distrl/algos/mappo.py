@@ -48,7 +48,7 @@ from distrl import tree
 from distrl.algos.actor_critic import ActorCriticNet, action_factors
 from distrl.algos.actor_critic_acting import ActorCriticPolicy
 from distrl.algos.common import stored_obs
-from distrl.algos.ppo import PPO, PPOConfig, PPOLearner, ppo_loss
+from distrl.algos.ppo import PPO, PPOConfig, PPOLearner
 from distrl.algos.value_norm import NormalizedValueHead
 from distrl.config.fields import f
 from distrl.core import Batch, Trajectory
@@ -186,7 +186,7 @@ class MAPPOPolicy(ActorCriticPolicy):
         """E envs' N agents as E * N columns of (T, E * N) arrays, with each agent's own episode ends,
         `live` (the agent was in its episode at the step) and, with a core, each column's state before the
         fragment's first step."""
-        T, E, N = traj.rewards.shape
+        _, E, N = traj.rewards.shape
         ex = traj.extras
         columns = lambda x: x.reshape(x.shape[0], E * N, *x.shape[3:])  # noqa: E731 - (T, E, N, ...) -> (T, E * N, ...)
         active, next_active = ex["active"].astype(bool), ex["next_active"].astype(bool)
@@ -236,14 +236,9 @@ class MAPPOLearner(PPOLearner):
             self.net.v_head.update(returns, t.get("live"))
         return adv, returns, est, lag
 
-    def sample_loss(self, s: dict[str, torch.Tensor]):
-        if not self.cfg.value_norm:
-            return super().sample_loss(s)
-        norm = self.net.v_head.normalize
-        logp, entropy, values = self.net.evaluate(s["obs"], s["actions"], s.get("state"), s.get("first"))
-        loss, terms = ppo_loss(logp, s["old_logp"], s["adv"], norm(values), norm(s["old_values"]), norm(s["returns"]),
-                               entropy, self.cfg, s.get("live"))
-        return loss, terms, {}
+    def value_units(self, values: torch.Tensor) -> torch.Tensor:
+        """With value normalization, the value loss compares values standardized by the head's statistics."""
+        return self.net.v_head.normalize(values) if self.cfg.value_norm else values
 
 
 class MAPPO(PPO):

@@ -113,9 +113,14 @@ class PPOLearner(ActorCriticLearner):
 
     def sample_loss(self, s: dict[str, torch.Tensor]):
         logp, entropy, values = self.net.evaluate(s["obs"], s["actions"], s.get("state"), s.get("first"))
-        loss, terms = ppo_loss(logp, s["old_logp"], s["adv"], values, s["old_values"], s["returns"], entropy, self.cfg,
-                               s.get("live"))
+        v = self.value_units
+        loss, terms = ppo_loss(logp, s["old_logp"], s["adv"], v(values), v(s["old_values"]), v(s["returns"]), entropy,
+                               self.cfg, s.get("live"))
         return loss, terms, {}
+
+    def value_units(self, values: torch.Tensor) -> torch.Tensor:
+        """Values (and returns) as the value loss compares them: as they are here."""
+        return values
 
 
 class PPO(ActorCriticAlgorithm):
