@@ -195,6 +195,13 @@ def with_mask(obs: Tree, mask) -> dict:
     return {**obs, MASK_KEY: mask} if isinstance(obs, dict) else {"obs": obs, MASK_KEY: mask}
 
 
+def with_mask_space(space: spaces.Space, size: int) -> spaces.Dict:
+    """The space of `with_mask`'s trees for observations of `space` and masks of `size` actions."""
+    mask = spaces.MultiBinary(size)
+    return spaces.Dict({**space.spaces, MASK_KEY: mask}) if isinstance(space, spaces.Dict) else \
+        spaces.Dict({"obs": space, MASK_KEY: mask})
+
+
 def unflatten_like(tree: Tree, values: list) -> Tree:
     """A tree of `tree`'s structure holding `values` at its leaves, in order."""
     return optree.tree_unflatten(optree.tree_structure(tree), values)

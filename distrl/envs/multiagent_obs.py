@@ -107,7 +107,7 @@ class AgentObservations:
                               self.mask_size if n == MASK_KEY and self.source == "obs" else None) for n in names]
         self.skeleton = tree.space_tree(agent_spaces[0])
         inner = tree.as_space(tree.unflatten_like(self.skeleton, [leaf.space for leaf in self.leaves]))
-        self.space = inner if self.source != "info" else _with_mask_space(inner, self.mask_size)
+        self.space = inner if self.source != "info" else tree.with_mask_space(inner, self.mask_size)
 
     def stack(self, obs: dict, infos: dict, live: np.ndarray, step: int) -> tree.Tree:
         """The (N, ...) tree of the agents' observations `obs` (only the `live` ones'; masks from `infos` with
@@ -200,10 +200,3 @@ def _mask_source(env, agent_spaces: list, action_space, asked: str) -> str:
         return "obs"
     _, infos = env.reset()
     return "info" if any(isinstance(i, dict) and MASK_KEY in i for i in (infos or {}).values()) else "none"
-
-
-def _with_mask_space(inner, size: int) -> spaces.Dict:
-    mask = spaces.MultiBinary(size)
-    if isinstance(inner, spaces.Dict):
-        return spaces.Dict({**inner.spaces, MASK_KEY: mask})
-    return spaces.Dict({"obs": inner, MASK_KEY: mask})

@@ -125,14 +125,7 @@ class MaskedObservation(gym.Wrapper, gym.utils.RecordConstructorArgs):
         gym.Wrapper.__init__(self, env)
         self.env_id, self.source, self.steps = env_id, source, 0
         self.size = mask_size(env.action_space)
-        mask_space = spaces.MultiBinary(self.size)
-        inner = env.observation_space
-        if source == "obs":
-            self.observation_space = spaces.Dict({**inner.spaces, MASK_KEY: mask_space})
-        elif isinstance(inner, spaces.Dict):
-            self.observation_space = spaces.Dict({**inner.spaces, MASK_KEY: mask_space})
-        else:
-            self.observation_space = spaces.Dict({"obs": inner, MASK_KEY: mask_space})
+        self.observation_space = tree.with_mask_space(env.observation_space, self.size)
 
     def reset(self, **kwargs):
         obs, info = self.env.reset(**kwargs)
@@ -162,9 +155,7 @@ class MaskedObservation(gym.Wrapper, gym.utils.RecordConstructorArgs):
         if not mask.any():
             where = f"{self.env_id} at step {self.steps} of its episode"
             raise MaskError(f"{where}: the action mask allows no action")
-        if self.source == "obs" or isinstance(obs, dict):
-            return {**obs, MASK_KEY: mask}
-        return {"obs": obs, MASK_KEY: mask}
+        return tree.with_mask(obs, mask)  # a mask the obs held is replaced by its checked copy
 
 
 class StoredObservation(gym.ObservationWrapper, gym.utils.RecordConstructorArgs):
