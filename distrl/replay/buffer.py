@@ -15,7 +15,6 @@ from distrl.replay.sumtree import SumTree, stratified_sample
 GENERATION_KEY = "_generation"
 OLDEST_KEY = "frame_oldest"  # per item of a framed replay: the oldest frame its stacks read (per framed column)
 _STORAGE_PREFIX = "storage/"
-_FRAMES_STATE = FRAMES  # a ring's state sits under its column's frames key: "frames", "frames/obs.image"
 
 
 class ReplayBuffer:
@@ -340,7 +339,7 @@ class ReplayBuffer:
         for k, v in (self._storage or {}).items():
             state[_STORAGE_PREFIX + k] = v[live]
         for c, ring in self._frames.items():
-            state[framed_key(_FRAMES_STATE, c)] = ring.state_dict()
+            state[framed_key(FRAMES, c)] = ring.state_dict()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -353,7 +352,7 @@ class ReplayBuffer:
         storage = {k[len(_STORAGE_PREFIX):]: _scattered(v, live, self.capacity)
                    for k, v in state.items() if k.startswith(_STORAGE_PREFIX)}
         self._storage = storage or None
-        self._frames = {c: FrameRing.from_state(state[framed_key(_FRAMES_STATE, c)]) for c in framed_columns(state)}
+        self._frames = {c: FrameRing.from_state(state[framed_key(FRAMES, c)]) for c in framed_columns(state)}
         self._sample_count = int(state["sample_count"])
         self._max_priority = float(state["max_priority"])
         gen = np.asarray(state["generations"], np.int64)
