@@ -291,7 +291,7 @@ def _check_multiagent_env(env_cfg: EnvConfig):
     env = make_multiagent_env(env_cfg.id, env_cfg.kwargs, env_cfg.obs_keys, env_cfg.action_mask)
     try:
         env.reset(seed=0)
-        env.step(np.zeros(env.num_agents, np.int64))
+        env.step(np.zeros((env.num_agents, *env.action_space.shape), env.action_space.dtype))  # a Box's or Discrete's
         return multiagent_spec(env)
     except EnvError:
         raise

@@ -1,6 +1,7 @@
 """DHC on the MAPF gridworld through the real path: it learns, the evaluator reports MAPF metrics,
 and a run resumes with per-agent recurrent states and communication masks in its replay intact; MAPPO
-trains simple_spread through Ray actors and the central inference server."""
+trains simple_spread through Ray actors and the central inference server, with discrete and continuous
+actions."""
 import json
 import os
 
@@ -85,3 +86,19 @@ def test_mappo_trains_every_agent_through_ray_actors_and_central_inference(ray_s
     with open(os.path.join(run_dir, "learner.jsonl")) as fh:
         stats = [json.loads(line) for line in fh]
     assert stats and all(np.isfinite(s["loss_value"]) and 0.0 < s["entropy"] <= np.log(5) + 1e-6 for s in stats)
+
+
+def test_ippo_with_continuous_actions_trains_in_async_mode_through_central_inference(ray_session, tmp_path):
+    """The continuous config, as `distrl train` starts it (its checks step the env with a Box action per
+    agent), in async mode with two workers acting through the inference server: every agent's action a
+    Gaussian's sample mapped onto MPE's Box(0, 1, (5,))."""
+    config = os.path.join(ROOT, "configs", "ippo_simple_spread_continuous.yaml")
+    run_dir = str(tmp_path / "ippo")
+    summary = train(config, run_dir=run_dir, overrides=[
+        "mode=async", "workers=2", "rollout.inference=central", "env.num_envs=4", "stop.max_env_steps=3000",
+        "eval.interval_s=1", "eval.episodes=4", *QUIET])
+    assert summary["env_steps"] >= 3000 and summary["updates"] >= 3, summary
+    assert summary["evaluations"] >= 1 and -100.0 < summary["best_eval_return"] < 0.0, summary
+    with open(os.path.join(run_dir, "learner.jsonl")) as fh:
+        stats = [json.loads(line) for line in fh]
+    assert stats and all(np.isfinite(s["loss_value"]) and np.isfinite(s["entropy"]) for s in stats)
