@@ -60,13 +60,19 @@ def framed_columns(msg) -> list[str]:
     return [k[len(FRAMES) + 1:] for k in msg if k.startswith(FRAMES + "/")]
 
 
+def is_frame_leaf(shape: tuple, dtype) -> bool:
+    """Whether a structured observation's leaf of this (per-step) shape and dtype is an image replay keeps as
+    frames: uint8 and 3 dims."""
+    return dtype == np.uint8 and len(shape) == 3
+
+
 def frame_stacks(columns: dict[str, np.ndarray], frame_stack: int) -> dict[str, int]:
     """The observation columns (T, E, ...) replay keeps as frames, with their stack sizes: a flat observation
     of stacks (``frame_stack`` > 0), else a structured observation's image leaves (uint8, 3 dims), each a
     single frame (0)."""
     if frame_stack:
         return {FLAT: frame_stack}
-    return {c: 0 for c, v in columns.items() if c != FLAT and v.dtype == np.uint8 and v.ndim == 5}
+    return {c: 0 for c, v in columns.items() if c != FLAT and is_frame_leaf(v.shape[2:], v.dtype)}
 
 
 def local_links(kinds: np.ndarray) -> np.ndarray:

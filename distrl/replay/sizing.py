@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from distrl import tree
+from distrl.replay.frames import is_frame_leaf
 
 _LINK = 8           # a frame's int64 link to the frame before it
 _FRAME_REFS = 3 * 8  # a framed item's obs, next-obs and oldest frame (int64)
@@ -35,7 +36,7 @@ def _image_leaves(space) -> list[int]:
     if not tree.is_structured(space):
         return []
     return [_leaf_bytes(s) for _, s in tree.leaf_spaces(space)
-            if len(getattr(s, "shape", None) or ()) == 3 and getattr(s, "dtype", None) == np.uint8]
+            if is_frame_leaf(getattr(s, "shape", None) or (), getattr(s, "dtype", None))]
 
 
 def action_bytes(space) -> int:
