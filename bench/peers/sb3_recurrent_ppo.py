@@ -128,13 +128,15 @@ def evaluate_recurrent(model, envs, seed: int, normalize_obs=None, action_masks=
 
 def torso_class():
     """distrl's MLP torso as SB3 features extractor: Linear(obs, hidden) + tanh, before the LSTM."""
+    from stable_baselines3.common.preprocessing import get_flattened_obs_dim
     from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
     from torch import nn
 
     class Torso(BaseFeaturesExtractor):
         def __init__(self, observation_space, hidden: int = 64):
-            super().__init__(observation_space, hidden)
-            self.net = nn.Sequential(nn.Flatten(), nn.Linear(int(observation_space.shape[0]), hidden), nn.Tanh())
+            super().__init__(observation_space, hidden)  # a Discrete observation comes in one-hot, as distrl's
+            self.net = nn.Sequential(nn.Flatten(), nn.Linear(get_flattened_obs_dim(observation_space), hidden),
+                                     nn.Tanh())
 
         def forward(self, obs):
             return self.net(obs)

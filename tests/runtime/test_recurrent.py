@@ -99,13 +99,15 @@ PPO_BUDGET = 150_000
 
 def test_ppo_with_an_lstm_learns_the_pomdp_and_plays_it_with_a_state_per_episode(tmp_path):
     """The velocities hidden: PPO's LSTM reaches the R2D2 config's greedy target, and `distrl eval` plays the
-    best checkpoint's episodes with a fresh state each."""
+    best checkpoint's episodes with a fresh state each. Those are other episodes than the evaluator's: the
+    checkpoint that scored >= 0.95 on its 20 has scored 0.89-1.0 on 10 others, while a policy without memory
+    stays at 0.20-0.24 (bench/RESULTS.md: PPO with model.core=none), so 0.8 over 20 tells the two apart."""
     run_dir = str(tmp_path / "ppo_lstm")
     summary = train(PPO_LSTM, run_dir=run_dir, overrides=[
         "mode=single", "seed=2", f"stop.max_env_steps={PPO_BUDGET}", "stop.max_seconds=400", *QUIET])
     assert summary["solved"] and summary["best_eval_return"] >= 0.95, summary
-    played = evaluate(run_dir, episodes=10)
-    assert played["mean"] >= 0.9, played
+    played = evaluate(run_dir, episodes=20)
+    assert played["mean"] >= 0.8, played
 
 
 def test_ppo_with_an_lstm_in_async_mode_through_ray_actors_and_central_inference(ray_session, tmp_path):
