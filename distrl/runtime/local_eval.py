@@ -155,11 +155,31 @@ class EvaluatorProcess:
             self.send(None)
             self.proc.join(timeout=grace_s)
         if self.proc.is_alive():  # (never started if the fork server did not answer in START_WAIT_S)
-            os.kill(self.proc.pid, signal.SIGKILL)
+            kill_with_children(self.proc.pid)
             self.proc.join(timeout=5)
         self.inbox.put(None)  # the sender thread ends on a broken pipe or this
         for conn in (self.jobs, self.results):
             conn.close()
+
+
+def kill_with_children(pid: int) -> None:
+    """SIGKILL `pid` and every process below it: an env's own processes (VizDoom's game) outlive a killed
+    parent, and a run's end must not leave them behind."""
+    below, todo = [], [pid]
+    while todo:  # Linux's /proc/PID/task/TID/children; elsewhere no children are found
+        p = todo.pop()
+        try:
+            kids = [int(c) for t in os.listdir(f"/proc/{p}/task")
+                    for c in open(f"/proc/{p}/task/{t}/children").read().split()]
+        except OSError:
+            kids = []
+        below += kids
+        todo += kids
+    for p in [pid, *below]:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except OSError:  # gone meanwhile
+            pass
 
 
 class LocalEvaluator:
@@ -194,7 +214,7 @@ class LocalEvaluator:
                     continue
                 if p.silent_s() > self.timeout_s:
                     self.hung = (f"hung (no sign of life for {self.timeout_s:g} s), ended", time.time())
-                    os.kill(p.proc.pid, signal.SIGKILL)
+                    kill_with_children(p.proc.pid)
 
     def check(self, restart: bool = True) -> None:
         """Read what arrived; a dead or silent process is ended and (with `restart`) started again."""
