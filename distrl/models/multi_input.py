@@ -121,13 +121,13 @@ class MultiInputTorso(nn.Module):
         leaves = [x for n, x in tree.named_leaves(obs) if n != tree.MASK_KEY]
         if not self.lookup:
             return self.layers(torch.cat([e(x) for e, x in zip(self.encoders, leaves)], dim=1))
-        first, *rest = self.layers
+        first = self.layers[0]
         h = first.bias
         for e, x, (lo, hi) in zip(self.encoders, leaves, self.columns):
             weight = first.weight[:, lo:hi]
             h = h + (e.project(x, weight) if isinstance(e, OneHot) else F.linear(e(x), weight))
-        for layer in rest:
-            h = layer(h)
+        for i in range(1, len(self.layers)):  # by index: the registered submodules themselves
+            h = self.layers[i](h)
         return h
 
 
