@@ -23,7 +23,9 @@ def torso_keys(run_dir: str) -> set[str]:
     return {k for k in weights if "torso" in k}
 
 
-@pytest.mark.parametrize("name, budget", [("ppo_cartpole", 60_000), ("apex_dqn_cartpole", 120_000)])
+# Single mode's evaluator runs beside the learner, so under load it scores weights some steps late: the
+# budgets leave that lag room (seed 0 reaches 475 at 94k env steps with Ape-X when nothing else runs).
+@pytest.mark.parametrize("name, budget", [("ppo_cartpole", 60_000), ("apex_dqn_cartpole", 200_000)])
 def test_a_user_torso_learns_cartpole_in_single_mode(tmp_path, name, budget):
     summary = train(config(name), run_dir=str(tmp_path / "run"), overrides=[
         "mode=single", "seed=0", f"stop.max_env_steps={budget}", "stop.max_seconds=120", *TORSO, *QUIET])
