@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 CONFIG ?= configs/apex_dqn_cartpole.yaml
 
-.PHONY: setup run test bench docs clean
+.PHONY: setup bytecode run test bench docs clean
 
 $(BIN)/activate:
 	$(PY) -m venv $(VENV)
@@ -19,14 +19,19 @@ $(VENV)/.installed: $(BIN)/activate pyproject.toml
 
 setup: $(VENV)/.installed
 
-run: setup
+# Every role process imports distrl: its modules byte-compiled once here, not again in each process (where
+# PYTHONDONTWRITEBYTECODE is set, Python would compile them in every process and keep nothing).
+bytecode: setup
+	$(BIN)/python -m compileall -q distrl
+
+run: bytecode
 	$(BIN)/distrl train $(CONFIG)
 
 # Two pytest processes: many tests wait on timeouts, Ray's start or a role's restart while the other
 # process uses the cores. Each test module runs whole on one process (`--dist loadfile`), so a module's
 # costly fixture (a traced run, a three-node cluster) is built once, in file order; the modules that mostly
 # wait run one after another on one process (WAITING_MODULES in tests/conftest.py).
-test: setup
+test: bytecode
 	$(BIN)/python -m pytest tests -n 2 --dist loadfile --no-loadscope-reorder --durations=40
 
 # The documentation site (mkdocs.yml): docs/ plus the pages docsgen/ generates from the code, into site/.
