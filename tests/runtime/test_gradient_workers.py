@@ -47,7 +47,7 @@ def test_a_killed_gradient_worker_is_restarted_and_ppo_trains_on(ray_session, tm
     stop.start()
     try:
         summary = train(os.path.join(ROOT, "configs", "ppo_cartpole.yaml"), run_dir=run_dir,
-                        overrides=["mode=sync", "workers=2", "seed=0", "learner.num_gradient_workers=2",
+                        overrides=["mode=sync", "workers=1", "seed=0", "learner.num_gradient_workers=2",
                                    "stop.max_seconds=150", "eval.target_return=null", "log.interval_s=0.25", *QUIET])
     finally:
         done.set()

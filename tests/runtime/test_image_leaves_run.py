@@ -19,7 +19,7 @@ VIEW = 7 * 7 * 3  # bytes of MiniGrid's uint8 view
 def test_apex_sync_stores_a_dict_image_leaf_once_per_frame_trains_and_resumes_its_replay(ray_session, tmp_path):
     run_dir = str(tmp_path / "run")
     first = train(CONFIG, run_dir=run_dir, overrides=[
-        "mode=sync", "workers=2", *MINIGRID, "replay.min_size=500", "apex_dqn.eps_decay_steps=2000",
+        "mode=sync", "workers=1", *MINIGRID, "replay.min_size=500", "apex_dqn.eps_decay_steps=2000",
         "stop.max_env_steps=4000", "eval.target_return=null", *QUIET])
     assert first["stop_reason"] == "max_env_steps" and first["failure"] is None, first
     assert first["updates"] > 0 and first["best_eval_return"] is not None

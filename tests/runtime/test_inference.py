@@ -55,7 +55,6 @@ def local_fragments(cfg, weights, fragments_each: int = 3) -> list[list[tuple]]:
     ("apex_dqn_cartpole.yaml", []),
     ("ppo_cartpole.yaml", []),
     ("sac_pendulum.yaml", ["sac.random_steps=0"]),  # past the uniform warm-up: the actor's network acts
-    ("impala_lunarlander.yaml", []),
     ("r2d2_position_only_cartpole.yaml", ["rollout.fragment_length=40"]),  # sequences complete: stored states
     ("ppo_lstm_position_only_cartpole.yaml", []),  # each fragment's start states, truncations' final values
     ("dhc_mapf_8x8.yaml", ["rollout.fragment_length=40", "env.num_envs=4"]),  # per-agent states, comm masks
@@ -99,24 +98,14 @@ def test_central_inference_gives_the_fragments_local_inference_gives(ray_session
 
 
 def assert_the_server_batched_both_workers(run_dir: str) -> None:
+    """A traced run's server held a step of each of its two workers in one batch (a sync run through the server:
+    tests/runtime/test_multiagent.py's MAPPO run; learning through it: the async run below, which kills it)."""
     with open(os.path.join(run_dir, "trace.json")) as fh:
         events = json.load(fh)["traceEvents"]
     names = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "process_name"}
     batches = [e for e in events if e.get("name") == "infer_batch" and names[e["pid"]] == "inference"]
     assert len(batches) > 100 and max(e["args"]["requests"] for e in batches) == 2  # both workers in one batch
     assert "inference" in run_report(run_dir)  # the server has its row in where the time goes
-
-
-def test_a_sync_run_with_central_inference_batches_both_workers_on_the_server(ray_session, tmp_path):
-    """Sync mode through the server gives the fragments local inference gives (the test above), so it learns as
-    local inference does; learning through the server is shown in async mode below, which also kills it."""
-    run_dir = str(tmp_path / "run")
-    summary = train(os.path.join(ROOT, "configs", "ppo_cartpole.yaml"), run_dir=run_dir,
-                    overrides=["mode=sync", "workers=2", "seed=0", "rollout.inference=central",
-                               "stop.max_env_steps=6000", "eval.target_return=null", "log.trace=true", *QUIET])
-    assert summary["stop_reason"] == "max_env_steps" and summary["updates"] > 0, summary
-    assert_the_server_batched_both_workers(run_dir)
-    assert_trace_has_every_lane(run_dir, run_lanes("sync", inference=True))
 
 
 @pytest.mark.parametrize("config, overrides, message", [

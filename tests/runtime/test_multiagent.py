@@ -12,6 +12,8 @@ from distrl.checkpoint.run import read_checkpoint
 from distrl.config import load_config
 from distrl.envs.mapf import MAPF
 from distrl.replay.store import digest
+from tests.runtime.test_inference import assert_the_server_batched_both_workers
+from tests.runtime.test_trace import assert_trace_has_every_lane, run_lanes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DHC = os.path.join(ROOT, "configs", "dhc_mapf_8x8.yaml")
@@ -55,9 +57,11 @@ def test_dhc_reaches_90_percent_success_on_4_agents_8x8(tmp_path):
     assert metrics["solved_sum_of_costs"] <= 2.0 * cost_lb, (metrics, cost_lb)
 
 
-def test_dhc_resumes_with_hidden_states_and_comm_masks_in_replay(ray_session, tmp_path):
+def test_dhc_resumes_with_hidden_states_and_comm_masks_in_replay(tmp_path):
+    """Single mode: the store is the replay server's (a sequence replay resumed through Ray actors is
+    tests/runtime/test_recurrent.py's R2D2 run)."""
     run_dir = str(tmp_path / "run")
-    first = train(DHC, run_dir=run_dir, overrides=["mode=sync", "workers=2", "stop.max_env_steps=4000",
+    first = train(DHC, run_dir=run_dir, overrides=["mode=single", "stop.max_env_steps=4000",
                                                    "replay.min_size=50", "eval.target_success=null", *QUIET])
     ckpts = sorted(d for d in os.listdir(os.path.join(run_dir, "checkpoints")) if d.startswith("ckpt-"))
     state = read_checkpoint(os.path.join(run_dir, "checkpoints", ckpts[-1]))
@@ -76,11 +80,14 @@ def test_dhc_resumes_with_hidden_states_and_comm_masks_in_replay(ray_session, tm
 
 def test_mappo_trains_every_agent_through_ray_actors_and_central_inference(ray_session, tmp_path):
     """Sync mode, two workers acting through the inference server (a worker's E envs of N agents are E * N of
-    its rows), the learner on agents as columns, the evaluator scoring the mean per-agent return."""
+    its rows), which batches a step of both together, the learner on agents as columns, the evaluator scoring
+    the mean per-agent return; the trace has a lane per process."""
     run_dir = str(tmp_path / "mappo")
     summary = train(MAPPO, run_dir=run_dir, overrides=[
         "mode=sync", "workers=2", "rollout.inference=central", "env.num_envs=4", "stop.max_env_steps=4000",
-        "eval.interval_s=1", "eval.episodes=4", *QUIET])
+        "eval.interval_s=1", "eval.episodes=4", "log.trace=true", *QUIET])
+    assert_the_server_batched_both_workers(run_dir)
+    assert_trace_has_every_lane(run_dir, run_lanes("sync", workers=2, inference=True))
     assert summary["env_steps"] >= 4000 and summary["updates"] >= 4000 // (2 * 4 * 25) - 1, summary
     assert summary["evaluations"] >= 1 and -100.0 < summary["best_eval_return"] < 0.0  # a per-agent return
     with open(os.path.join(run_dir, "learner.jsonl")) as fh:
@@ -90,12 +97,12 @@ def test_mappo_trains_every_agent_through_ray_actors_and_central_inference(ray_s
 
 def test_ippo_with_continuous_actions_trains_in_async_mode_through_central_inference(ray_session, tmp_path):
     """The continuous config, as `distrl train` starts it (its checks step the env with a Box action per
-    agent), in async mode with two workers acting through the inference server: every agent's action a
+    agent), in async mode with a worker acting through the inference server: every agent's action a
     Gaussian's sample mapped onto MPE's Box(0, 1, (5,))."""
     config = os.path.join(ROOT, "configs", "ippo_simple_spread_continuous.yaml")
     run_dir = str(tmp_path / "ippo")
     summary = train(config, run_dir=run_dir, overrides=[
-        "mode=async", "workers=2", "rollout.inference=central", "env.num_envs=4", "stop.max_env_steps=3000",
+        "mode=async", "workers=1", "rollout.inference=central", "env.num_envs=4", "stop.max_env_steps=3000",
         "eval.interval_s=1", "eval.episodes=4", *QUIET])
     assert summary["env_steps"] >= 3000 and summary["updates"] >= 3, summary
     assert summary["evaluations"] >= 1 and -100.0 < summary["best_eval_return"] < 0.0, summary

@@ -251,7 +251,7 @@ def test_ppo_with_two_gradient_workers_on_two_nodes_trains_with_one_on_each(clus
     # That such a run learns is tests/runtime/test_gradient_workers.py's; here: where its roles run.
     run_dir = str(tmp_path / "run")
     summary = train(PPO, run_dir=run_dir, address=cluster.address,
-                    overrides=["mode=sync", "workers=2", "seed=0", "learner.num_gradient_workers=2",
+                    overrides=["mode=sync", "workers=1", "seed=0", "learner.num_gradient_workers=2",
                                "placement.learner={head_node: 1}", "placement.gradient_workers={worker_slot: 1}",
                                "stop.max_env_steps=4096", "eval.target_return=null", "log.tensorboard=false",
                                "log.progress=false", "log.trace=true"])

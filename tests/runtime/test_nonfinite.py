@@ -101,7 +101,7 @@ def test_in_sync_mode_a_nonfinite_loss_skips_the_update_and_the_parameter_server
     run_dir = str(tmp_path / "run")
     try:
         summary = train(CARTPOLE, run_dir=run_dir, overrides=[
-            "mode=sync", "workers=2", "seed=0", "env.id=distrl.envs.testing:HugeRewardCartPole-v1",
+            "mode=sync", "workers=1", "seed=0", "env.id=distrl.envs.testing:HugeRewardCartPole-v1",
             "env.kwargs={huge_prob: 0.001}", "replay.prioritized=false", "learner.batch_size=64",
             "replay.samples_per_insert=8", "fault.max_nonfinite_updates=100000", "stop.max_env_steps=15000",
             "eval.target_return=null", "eval.interval_s=0.5", "checkpoint.interval_s=1", "log.interval_s=0.25", *QUIET])

@@ -82,8 +82,8 @@ def test_single_mode_statistics_are_one_pass_over_every_raw_observation_and_resu
     assert_equal_stats(after, one_pass([obs for obs, _ in files.values()]))  # carried on from the checkpoint, not from zero
 
 
+# A flat observation in async mode (fragments gathered as they come), a Dict one in sync mode.
 @pytest.mark.parametrize("mode, env_id, parts", [
-    ("sync", "Pendulum-v1", ("obs", "ret")),
     ("async", "Pendulum-v1", ("obs", "ret")),
     # a Dict observation: a part per float leaf (the uint8 clock has none); the raw files hold `pole`
     ("sync", "distrl.envs.testing:DictCartPole-v1", ("obs.pole", "obs.cart", "ret")),

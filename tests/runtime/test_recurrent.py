@@ -66,7 +66,7 @@ def _kill_driver_mid_run(proc: subprocess.Popen, run_dir: str, checkpoints: int)
 
 def test_r2d2_killed_mid_run_resumes_with_its_sequence_replay_through_ray_actors(ray_session, tmp_path):
     run_dir = str(tmp_path / "run")
-    sets = ["workers=2", "checkpoint.interval_s=1", "eval.target_return=null", "stop.max_env_steps=1000000", *QUIET]
+    sets = ["workers=1", "checkpoint.interval_s=1", "eval.target_return=null", "stop.max_env_steps=1000000", *QUIET]
     with open(tmp_path / "driver.err", "w") as err:
         proc = subprocess.Popen([sys.executable, "-m", "distrl.cli", "train", R2D2, "--mode", "sync",
                                  "--run-dir", run_dir, *sum((["--set", s] for s in sets), [])],

@@ -149,7 +149,7 @@ def test_deterministic_mode_gives_identical_curves(mode, tmp_path, request):
     for i in range(2):
         run_dir = str(tmp_path / f"run{i}")
         train(CARTPOLE, run_dir=run_dir, overrides=[
-            f"mode={mode}", "workers=2", "seed=7", "stop.max_env_steps=12000", "eval.target_return=null",
+            f"mode={mode}", "workers=2", "seed=7", "stop.max_env_steps=8192", "eval.target_return=null",
             "log.interval_steps=1024", "eval.interval_steps=2048", "eval.episodes=5", *QUIET])
         rows = list(csv.DictReader(open(os.path.join(run_dir, "metrics.csv"))))
         curves.append([tuple(r[c] for c in cols) for r in rows])
@@ -173,7 +173,7 @@ def test_replay_size_limit_and_cross_node_store(mode, limit, tmp_path, request, 
     saved = limit > 0
     run_dir = str(tmp_path / "run")
     train(CARTPOLE, run_dir=run_dir, overrides=[
-        f"mode={mode}", "workers=2", "stop.max_env_steps=2000", "eval.target_return=null",
+        f"mode={mode}", "workers=1", "stop.max_env_steps=2000", "eval.target_return=null",
         f"checkpoint.max_replay_bytes={limit}", *QUIET])
     ckpt = complete_checkpoints(run_dir)[-1]
     meta = json.load(open(os.path.join(ckpt, "meta.json")))
