@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from distrl import tree
+from distrl.models.numpy_run import TRACING
 
 OPSET = 17
 
@@ -167,7 +168,7 @@ def _inputs(module: ActingNetwork, example) -> tuple[torch.Tensor, ...]:
 def onnx_bytes(module: ActingNetwork, example) -> bytes:
     buf = io.BytesIO()
     axes = {name: {0: "batch"} for name in (*module.input_names, "action", *module.names)}
-    with warnings.catch_warnings():  # the exporter's notes on the TorchScript path, on tracing, on LSTM batches
+    with TRACING, warnings.catch_warnings():  # the exporter's notes on the TorchScript path, on tracing, on LSTM batches
         warnings.simplefilter("ignore")
         torch.onnx.export(module, _inputs(module, example), buf, dynamo=False, input_names=module.input_names,
                           output_names=["action", *module.names], dynamic_axes=axes, opset_version=OPSET)
@@ -176,7 +177,7 @@ def onnx_bytes(module: ActingNetwork, example) -> bytes:
 
 def torchscript_bytes(module: ActingNetwork, example) -> bytes:
     buf = io.BytesIO()
-    with warnings.catch_warnings(), torch.no_grad():
+    with TRACING, warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         torch.jit.save(torch.jit.trace(module, _inputs(module, example), check_trace=False), buf)
     return buf.getvalue()

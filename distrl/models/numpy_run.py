@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import operator
+import threading
 from typing import Any, Callable
 
 import numpy as np
@@ -186,6 +187,12 @@ def _view(t: torch.Tensor | None) -> np.ndarray | None:
     return None if t is None else numpy_out(t)
 
 
+# torch.fx replaces nn.Module.__call__ for the whole process while it traces: a module that another thread calls
+# meanwhile (an ONNX export tracing its own copy of the network: the external server's weights thread) is taken
+# for part of this trace, and fails as "not installed as a submodule". Whoever traces a network holds this.
+TRACING = threading.Lock()
+
+
 class _Tracer(fx.Tracer):
     """Keeps the layers it can run whole as single nodes; traces into every other module."""
 
@@ -303,7 +310,8 @@ def numpy_program(net: nn.Module, method: str, x: tree.Tree) -> Program | None:
         else:
             leaves, structure = optree.tree_flatten(x)
             root, tensors = _Method(net, method, structure), [torch.as_tensor(np.asarray(v)) for v in leaves]
-        graph = _Tracer().trace(root)
+        with TRACING:
+            graph = _Tracer().trace(root)
         program = _compile(graph, root)
         with torch.inference_mode():
             expected = root(tensors)

@@ -3,11 +3,13 @@ give the actions and outputs of distrl's own policy on the same observations, ui
 recurrent policy's actions and states step by step over whole episodes."""
 import io
 import os
+import threading
 
 import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
+from torch import nn
 from gymnasium import spaces
 
 from distrl.cli import main
@@ -15,6 +17,7 @@ from distrl.config import dump_yaml, load_config
 from distrl.core import EnvSpec
 from distrl.envs import VectorEnv, env_spec
 from distrl.models.export import ExportError, acting_network, example_batch, onnx_bytes, torchscript_bytes
+from distrl.models.numpy_run import numpy_program
 from distrl.roles.evaluation import save_best
 from distrl.roles.factory import make_algorithm
 
@@ -323,3 +326,36 @@ def test_a_structured_observation_exports_as_one_input_per_leaf_with_its_mask():
     np.testing.assert_array_equal(got[0], actions)
     outputs, _ = policy.forward(obs, None)
     np.testing.assert_allclose(got[1], outputs["out"], rtol=1e-4, atol=1e-3)
+
+
+class TracedSlowly(nn.Module):
+    """Its `act` says it is being traced, then waits (up to a second) for an export to finish."""
+
+    def __init__(self, tracing: threading.Event, exported: threading.Event):
+        super().__init__()
+        self.linear, self.tracing, self.exported = nn.Linear(4, 2), tracing, exported
+
+    def act(self, x):
+        self.tracing.set()
+        self.exported.wait(1.0)
+        return self.linear(x)
+
+
+def test_an_export_while_another_thread_traces_a_network_for_numpy_waits_for_it():
+    """torch.fx swaps nn.Module.__call__ process-wide while it traces: an export's module calls on another
+    thread (the external server's) would be taken into that trace and fail. The export waits its turn."""
+    policy = trained_policy("ppo", VECTOR, spaces.Discrete(3))
+    tracing, exported = threading.Event(), threading.Event()
+    tracer = threading.Thread(target=numpy_program, args=(TracedSlowly(tracing, exported), "act",
+                                                          np.zeros((2, 4), np.float32)))
+    tracer.start()
+    try:
+        assert tracing.wait(10.0)
+        model = onnx_bytes(acting_network(policy), example_batch(VECTOR))
+    finally:
+        exported.set()
+        tracer.join(10.0)
+    session = ort.InferenceSession(model)
+    obs = observations(VECTOR)
+    (actions, *_) = session.run(None, {session.get_inputs()[0].name: obs})
+    np.testing.assert_array_equal(actions, policy.act(obs, explore=False)[0])
