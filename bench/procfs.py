@@ -5,7 +5,7 @@ pid the kernel hands out again later is never taken for the process that had it 
 """
 from __future__ import annotations
 
-import os
+from distrl.runtime.local_eval import descendants  # noqa: F401 - the walk the evaluator's kill uses
 
 
 def stat_fields(pid: int) -> list[str]:
@@ -26,17 +26,3 @@ def started_at(pid: int) -> int | None:
     """When the process started, in clock ticks since boot (None if it is gone)."""
     fields = stat_fields(pid)
     return int(fields[19]) if len(fields) > 19 else None
-
-
-def descendants(root: int) -> list[int]:
-    """Every process below `root`, by the parent links of all processes there now."""
-    children: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            children.setdefault(parent(int(name)), []).append(int(name))
-    out, todo = [], [root]
-    while todo:
-        found = children.get(todo.pop(), [])
-        out += found
-        todo += found
-    return out

@@ -162,20 +162,31 @@ class EvaluatorProcess:
             conn.close()
 
 
+def descendants(root: int) -> list[int]:
+    """Every process below `root` now (Linux's /proc/PID/task/TID/children; elsewhere none is found)."""
+    below, todo = [], [root]
+    while todo:
+        kids = _children(todo.pop())
+        below += kids
+        todo += kids
+    return below
+
+
+def _children(pid: int) -> list[int]:
+    kids: list[int] = []
+    try:
+        for thread in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{thread}/children") as fh:
+                kids += [int(c) for c in fh.read().split()]
+    except OSError:  # gone meanwhile, or no /proc
+        pass
+    return kids
+
+
 def kill_with_children(pid: int) -> None:
     """SIGKILL `pid` and every process below it: an env's own processes (VizDoom's game) outlive a killed
     parent, and a run's end must not leave them behind."""
-    below, todo = [], [pid]
-    while todo:  # Linux's /proc/PID/task/TID/children; elsewhere no children are found
-        p = todo.pop()
-        try:
-            kids = [int(c) for t in os.listdir(f"/proc/{p}/task")
-                    for c in open(f"/proc/{p}/task/{t}/children").read().split()]
-        except OSError:
-            kids = []
-        below += kids
-        todo += kids
-    for p in [pid, *below]:
+    for p in [pid, *descendants(pid)]:
         try:
             os.kill(p, signal.SIGKILL)
         except OSError:  # gone meanwhile

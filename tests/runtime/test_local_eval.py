@@ -27,7 +27,6 @@ def test_a_killed_process_takes_its_children_and_theirs_along():
     assert not any(_alive(p) for p in below)
 
 
-
 def _alive(pid: int) -> bool:
     fields = stat_fields(pid)
     return bool(fields) and fields[0] != "Z"  # an orphan's zombie waits for init to reap it
