@@ -126,7 +126,9 @@ class MultiInputTorso(nn.Module):
         for e, x, (lo, hi) in zip(self.encoders, leaves, self.columns):
             weight = first.weight[:, lo:hi]
             h = h + (e.project(x, weight) if isinstance(e, OneHot) else F.linear(e(x), weight))
-        return self.layers[1:](h)  # the layers after the first, whose product is summed above
+        for i in range(1, len(self.layers)):  # the layers after the first, whose product was summed above
+            h = self.layers[i](h)
+        return h
 
 
 class VectorLeaves(nn.Module):
