@@ -126,7 +126,9 @@ class MultiInputTorso(nn.Module):
         for e, x, (lo, hi) in zip(self.encoders, leaves, self.columns):
             weight = first.weight[:, lo:hi]
             h = h + (e.project(x, weight) if isinstance(e, OneHot) else F.linear(e(x), weight))
-        for i in range(1, len(self.layers)):  # the layers after the first, whose product was summed above
+        # The layers after the first (whose product is summed above), each by index: a slice would be a new
+        # Sequential that is no submodule, which the numpy program's fx trace cannot follow.
+        for i in range(1, len(self.layers)):
             h = self.layers[i](h)
         return h
 
