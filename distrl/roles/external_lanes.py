@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from distrl import tree
-from distrl.roles.external_steps import Assembler, put, steps_of
+from distrl.roles.external_steps import Assembler, Episode, put
 
 
 class Column:
@@ -43,11 +43,11 @@ class Lanes(Assembler):
         self.waiting: list[Column] = []  # columns whose last step is an end: a starting episode goes on there
         self.full: list[Column] = []  # columns complete, not yet in a fragment
 
-    def add(self, chunk: dict[str, np.ndarray], extras: dict[str, np.ndarray], owner=None) -> None:
-        rows, k, at = steps_of(chunk, extras), len(chunk["rewards"]), 0
+    def add(self, rows: dict[str, np.ndarray], owner: Episode) -> None:
+        k, at = len(rows["rewards"]), 0
         while at < k:
             if owner.column is None:
-                owner.column = self._column_for(extras["state"][at])
+                owner.column = self._column_for(rows["x/state"][at])
             column = owner.column
             take = min(k - at, self.T - column.filled)
             put(column.arrays, self.T, column.filled, rows, at, take)
@@ -56,7 +56,7 @@ class Lanes(Assembler):
             if column.filled == self.T:
                 owner.column = None
                 self._complete(column)
-        if owner.column is not None and (chunk["terminated"][-1] or chunk["truncated"][-1]):
+        if owner.column is not None and (rows["terminated"][-1] or rows["truncated"][-1]):
             self.waiting.append(owner.column)  # the episode ended inside it
             owner.column = None
 

@@ -52,10 +52,10 @@ class Assembler:
         self.fragments = 0
         self.act_s = 0.0  # the server's time acting since the last fragment (its inference time)
 
-    def add(self, chunk: dict[str, np.ndarray], extras: dict[str, np.ndarray], owner=None) -> None:
-        """k complete steps of one episode (`chunk`: STEP_FIELDS, `extras`: the policy's, each (k, ...)),
-        its last one an end. `owner`: the episode's `Episode` (for `external_lanes.Lanes`)."""
-        rows, k, at = steps_of(chunk, extras), len(chunk["rewards"]), 0
+    def add(self, rows: dict[str, np.ndarray], owner: Episode) -> None:
+        """k complete steps of one episode (`rows`: STEP_FIELDS and the policy's extras as "x/<extra>", each
+        (k, ...)), its last one an end. `owner`: the episode (`external_lanes.Lanes` keeps its column there)."""
+        k, at = len(rows["rewards"]), 0
         while at < k:
             take = min(k - at, self.E * self.T - self.filled)
             put(self.arrays, self.E * self.T, self.filled, rows, at, take)
@@ -100,11 +100,6 @@ class Assembler:
             items=len(data["version"]), fragment_id=fragment_id)
         self.returns, self.lengths, self.act_s = [], [], 0.0
         self.ready.append(Fragment(data, priorities, info))
-
-
-def steps_of(chunk: dict[str, np.ndarray], extras: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """A chunk's fields as one map, the policy's extras named "x/<extra>"."""
-    return {**chunk, **{"x/" + n: v for n, v in extras.items()}}
 
 
 def put(arrays: dict, size: int, dst: int, rows: dict, src: int, k: int) -> None:
@@ -220,8 +215,7 @@ class Episodes:
             chunk["truncated"] = chunk["truncated"].copy()
             chunk["truncated"][-1] |= not chunk["terminated"][-1]
         chunk["versions"] = chunk["versions"].astype(np.int32)
-        self.assembler.add({n: chunk[n] for n in STEP_FIELDS},
-                           {n[2:]: v for n, v in chunk.items() if n.startswith("x/")}, ep)
+        self.assembler.add(chunk, ep)
 
 
 def _one_row(obs: tree.Tree) -> tree.Tree:
