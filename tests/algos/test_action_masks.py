@@ -1,7 +1,5 @@
 """Action masks: a masked action is never taken, in training (every mode's acting path: a worker's own
 network, central inference, A3C's workers; Ape-X's epsilon-greedy exploration) and in evaluation."""
-import csv
-import os
 
 import gymnasium as gym
 import numpy as np
@@ -9,6 +7,7 @@ import pytest
 from gymnasium import spaces
 
 from distrl import train
+from tests.run_files import episode_returns
 
 LENGTH = 20
 
@@ -60,10 +59,7 @@ def test_no_masked_action_is_taken_in_training_or_evaluation(tmp_path, algo, mod
         "eval.episodes=8", "eval.interval_s=0.3", "stop.max_env_steps=6000", "stop.max_seconds=60",
         "log.progress=false", "log.tensorboard=false", "fault.max_env_errors=0", *extra])
     assert summary["env_steps"] >= 6000 and summary["env_errors"] == 0, summary
-    with open(os.path.join(run_dir, "metrics.csv")) as f:
-        rows = list(csv.DictReader(f))
-    train_returns = [float(r["train_return_mean"]) for r in rows if r["train_return_mean"]]
-    eval_returns = [float(r["eval_return_mean"]) for r in rows if r["eval_return_mean"]]
+    train_returns, eval_returns = episode_returns(run_dir)
     assert train_returns and eval_returns and summary["evaluations"] >= 1
     # A mean of LENGTH means no episode ended on a masked action (that one would return at most -99).
     assert set(train_returns) == {LENGTH} and set(eval_returns) == {LENGTH}, (train_returns, eval_returns)

@@ -2,7 +2,6 @@
 exploration among the legal actions, greedy acting masked, targets over the next state's legal actions (its
 mask stored with it in sequence replay); a masked team trained through Ray actors and central inference never
 takes a masked action, in training, evaluation or `distrl eval`; and DHC learns a small Dict-observation task."""
-import csv
 import json
 import os
 
@@ -25,6 +24,7 @@ from distrl.roles.rollout import Rollout
 from distrl.sampling import MASKED
 from tests.algos.same_network import check_acts_with_the_learners_network
 from tests.algos.test_dhc import make_batch, make_cfg, perturbed_learner, random_masks, reference_td
+from tests.run_files import episode_returns
 
 MASKED_AGENTS = "distrl.envs.testing:MaskedAgents"  # a random half of 6 actions legal per agent and step
 QUIET = ["log.progress=false", "log.tensorboard=false"]
@@ -233,10 +233,7 @@ def test_a_masked_team_through_ray_actors_never_takes_a_masked_action_in_trainin
     summary, run_dir = masked_run
     assert summary["env_steps"] >= 6000 and summary["env_errors"] == 0 and summary["failure"] is None, summary
     assert summary["updates"] >= 20 and summary["evaluations"] >= 1, summary
-    with open(os.path.join(run_dir, "metrics.csv")) as fh:
-        rows = list(csv.DictReader(fh))
-    train_returns = {float(r["train_return_mean"]) for r in rows if r["train_return_mean"]}
-    eval_returns = {float(r["eval_return_mean"]) for r in rows if r["eval_return_mean"]}
+    train_returns, eval_returns = map(set, episode_returns(run_dir))
     # A mean of LENGTH: no episode ended on a masked action (that one returns at most -81 for its agent).
     assert train_returns == {LENGTH} and eval_returns == {LENGTH}, (train_returns, eval_returns)
 

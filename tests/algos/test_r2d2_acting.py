@@ -1,5 +1,4 @@
 """R2D2's acting half: value rescaling, sequence priorities, n-step targets over sequences, acting, frames once."""
-import json
 
 import numpy as np
 import pytest
@@ -11,8 +10,6 @@ from hypothesis import strategies as st
 from distrl.algos.qlearning import worker_epsilon
 from distrl.algos.r2d2 import R2D2, R2D2Network
 from distrl.algos.r2d2_acting import nstep_targets, rescale, sequence_priorities, unrescale
-from distrl.checkpoint.read import _join_store
-from distrl.checkpoint.store_file import save_store
 from distrl.config import load_config
 from distrl.core import EnvSpec
 from distrl.replay.sequence_replay import SequenceReplay
@@ -20,7 +17,7 @@ from distrl.replay.sequences import SequenceAdder
 from distrl.replay.store import digest
 from distrl.roles.factory import make_algorithm
 from tests.algos.same_network import check_acts_with_the_learners_network
-from tests.replay.stacking import LeafEnv, Runner, make_envs, make_leaf_envs
+from tests.replay.stacking import LeafEnv, Runner, make_envs, make_leaf_envs, reloaded
 
 SPEC = EnvSpec(spaces.Box(-1.0, 1.0, (3,), np.float32), spaces.Discrete(3))
 
@@ -268,13 +265,7 @@ def test_framed_sequence_replay_round_trips_through_the_checkpoint_file(tmp_path
                                               ended=policy.episodes_ended)) for _ in range(12)]
     for msg, prios in msgs[:8]:
         buf.add(msg, prios)
-    state = buf.state_dict()
-    skel = json.loads(json.dumps(save_store(str(tmp_path), state)))  # the checkpoint path: no pickle
-    with np.load(tmp_path / "store.npz", allow_pickle=False) as npz:
-        back = _join_store(skel, dict(npz), "store.npz")
-    fresh = SequenceReplay(60, policy.sequence_length, seed=99)
-    fresh.load_state_dict(back)
-    assert digest(fresh.state_dict()) == digest(state) and fresh.bytes_per_item == buf.bytes_per_item
+    fresh = reloaded(tmp_path, buf, SequenceReplay(60, policy.sequence_length, seed=99))
     for msg, prios in msgs[8:]:
         buf.add(msg, prios)
         fresh.add(msg, prios)

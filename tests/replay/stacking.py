@@ -141,17 +141,22 @@ def flat_transitions(encoder: FrameEncoder, traj: Trajectory, gamma: float, n: i
                              traj.truncated, {"obs": traj.next_obs}, gamma, n)
 
 
+def reloaded(tmp_path, buf, fresh):
+    """`fresh` (an empty buffer of `buf`'s kind) loaded with `buf`'s state through the checkpoint file, no
+    pickle on the way; it must then hold the same."""
+    state = buf.state_dict()
+    skel = json.loads(json.dumps(save_store(str(tmp_path), state)))
+    with np.load(tmp_path / "store.npz", allow_pickle=False) as npz:
+        fresh.load_state_dict(_join_store(skel, dict(npz), "store.npz"))
+    assert digest(fresh.state_dict()) == digest(state) and fresh.bytes_per_item == buf.bytes_per_item
+    return fresh
+
+
 def reloaded_alike(tmp_path, buf: ReplayBuffer, message) -> tuple[dict, dict]:
     """`buf`'s state through the checkpoint file (no pickle) into a fresh buffer of its capacity and priorities,
     which must hold the same; then the same five `message()`s (msg, priorities) into both must leave the same
     contents and draw the same items. Returns both buffers' samples (2 batches of 16), the original's first."""
-    state = buf.state_dict()
-    skel = json.loads(json.dumps(save_store(str(tmp_path), state)))  # the checkpoint path: no pickle
-    with np.load(tmp_path / "store.npz", allow_pickle=False) as npz:
-        back = _join_store(skel, dict(npz), "store.npz")
-    fresh = ReplayBuffer(buf.capacity, prioritized=buf.prioritized, seed=99)
-    fresh.load_state_dict(back)
-    assert digest(fresh.state_dict()) == digest(state) and fresh.bytes_per_item == buf.bytes_per_item
+    fresh = reloaded(tmp_path, buf, ReplayBuffer(buf.capacity, prioritized=buf.prioritized, seed=99))
     for _ in range(5):  # the same fragments into both: identical contents, identical samples
         msg, p = message()
         buf.add(msg, p)

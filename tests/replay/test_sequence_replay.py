@@ -1,18 +1,15 @@
 """SequenceReplay: shared chunks, refcounts and FIFO eviction, priorities, checkpoints, and the adder end to end."""
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from distrl.checkpoint.read import _join_store
-from distrl.checkpoint.store_file import save_store
 from distrl.replay.sequence_replay import SequenceReplay
 from distrl.replay.sequences import SequenceAdder, chunks_per_item
 from distrl.replay.store import digest
+from tests.replay.stacking import reloaded
 from tests.replay.test_sequences import STORED, Reference, make_calls
 
 C, L = 4, 8
@@ -227,13 +224,7 @@ def test_state_dict_round_trip(tmp_path, prioritized):
             buf.add(out[0], rng.random(len(out[0]["version"])))
             batch, idx, _ = buf.sample_many(2, 4)
             buf.update_priorities(idx, rng.random(idx.shape), batch["_generation"])
-    state = buf.state_dict()
-    skel = json.loads(json.dumps(save_store(str(tmp_path), state)))  # the checkpoint path: no pickle
-    with np.load(tmp_path / "store.npz", allow_pickle=False) as npz:
-        back = _join_store(skel, dict(npz), "store.npz")
-    fresh = SequenceReplay(300, 9, prioritized=prioritized, seed=99)
-    fresh.load_state_dict(back)
-    assert digest(fresh.state_dict()) == digest(state)
+    fresh = reloaded(tmp_path, buf, SequenceReplay(300, 9, prioritized=prioritized, seed=99))
     for call in calls[8:]:  # identical samples, and identical after further adds
         out = adder.add(**call)
         for b in (buf, fresh):

@@ -1,7 +1,6 @@
 """MAPPO through the real path: a recurrent actor learns a team task that needs memory where a feedforward one
 cannot, and a masked recurrent team trains in async mode through Ray actors and the central inference server
 without ever taking a masked action, in training, in evaluation, in `distrl eval` and in its exported file."""
-import csv
 import json
 import math
 import os
@@ -11,6 +10,7 @@ import numpy as np
 from distrl import train
 from distrl.api import evaluate
 from distrl.cli import main
+from tests.run_files import episode_returns
 
 QUIET = ["log.progress=false", "log.tensorboard=false"]
 # Each agent sees its cue at the first of 6 steps and earns 1 at the last for acting on it: 1.0 remembering,
@@ -48,10 +48,7 @@ def test_a_masked_recurrent_team_in_async_mode_through_ray_actors_and_central_in
     assert summary["env_steps"] >= 6000 and summary["env_errors"] == 0 and summary["failure"] is None, summary
     assert summary["evaluations"] >= 1 and summary["updates"] >= 10, summary
     assert summary["policy_lag"]["mean"] > 0.0, summary  # late batches: V-trace on the recurrent log-probs
-    with open(os.path.join(run_dir, "metrics.csv")) as fh:
-        rows = list(csv.DictReader(fh))
-    train_returns = {float(r["train_return_mean"]) for r in rows if r["train_return_mean"]}
-    eval_returns = {float(r["eval_return_mean"]) for r in rows if r["eval_return_mean"]}
+    train_returns, eval_returns = map(set, episode_returns(run_dir))
     assert train_returns == {LENGTH} and eval_returns == {LENGTH}, (train_returns, eval_returns)
     with open(os.path.join(run_dir, "learner.jsonl")) as fh:
         stats = [json.loads(line) for line in fh]
