@@ -320,13 +320,16 @@ class LocalEvaluator:
         return self.traces.pop() if self.traces else None
 
     def wind_down(self, deadline: float) -> list[str]:
-        """The run has stopped: no wait lasts past `deadline` from now on; a process silent now (hung, or
-        still starting after a restart) is ended and not restarted: ["evaluator"], else []."""
+        """The run has stopped: no wait lasts past `deadline` from now on; a process silent now (hung), or
+        still starting after a restart, is ended and not restarted: ["evaluator"], else []. One in its first
+        start is waited for, within the deadline (a short run's last evaluation): the fork server it comes
+        from may itself be starting, before the process can beat."""
         self.deadline = deadline
         self.check(restart=False)  # a death or hang found by now is counted (and not restarted)
         with self.lock:
             p = self.proc
-            if self.gone or (p.alive() and self.ready and p.silent_s() <= SILENT_S):
+            starting = not self.ready and self.down is None
+            if self.gone or (p.alive() and (starting or (self.ready and p.silent_s() <= SILENT_S))):
                 return []
             p.end()
             self.gone = True
