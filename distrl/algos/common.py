@@ -232,10 +232,31 @@ def guarded_step(opt, params, loss=None, clip: float | None = None) -> tuple[tor
     bad = ~torch.isfinite(norm if loss is None else norm + 0.0 * loss.detach())
     if all(group.get("fused") for group in opt.param_groups):
         opt.found_inf = bad.float()
-        opt.step()
+        _step(opt)
     elif not bool(bad):  # an optimizer without found_inf: one wait for the device per step
-        opt.step()
+        _step(opt)
     return norm.detach(), bad
+
+
+# torch.optim imports torch._dynamo (~1 s of CPU: a learner's start, and each restart, costs that much more)
+# the first time an optimizer is built, stepped or saved, only to keep torch.compile out of those calls;
+# distrl compiles nothing. So those calls go straight to the functions torch wraps: the methods marked as
+# already excluded from compilation (the mark torch's own wrapper caches on its first call), and a step
+# run under no_grad as its wrapper would run it (its other wrapper fires step hooks, of which distrl sets
+# none).
+def _mark_dynamo_disabled() -> None:
+    for name in ("add_param_group", "zero_grad", "state_dict", "load_state_dict"):
+        fn = getattr(getattr(torch.optim.Optimizer, name), "__wrapped__", None)
+        if fn is not None:
+            setattr(fn, "__dynamo_disable", fn)
+
+
+def _step(opt: torch.optim.Optimizer) -> None:
+    step = type(opt).step
+    while hasattr(step, "__wrapped__"):
+        step = step.__wrapped__
+    with torch.no_grad():
+        step(opt)
 
 
 def skipped(loss) -> dict:
@@ -257,6 +278,7 @@ def adam(params, lr: float, device: str) -> torch.optim.Adam:
         for group in params:
             by_lr.setdefault(group.get("lr", lr), []).extend(group["params"])
         params = [{"params": ps, "lr": group_lr} for group_lr, ps in by_lr.items()]
+    _mark_dynamo_disabled()
     # capturable on a GPU: its step count stays on the device, so an update can be a CUDA graph.
     return torch.optim.Adam(params, lr=lr, fused=device.startswith(("cpu", "cuda")), capturable=device.startswith("cuda"))
 

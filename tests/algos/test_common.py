@@ -45,3 +45,46 @@ def test_optimizer_state_from_another_layout_is_laid_out_as_its_parameter():
         module(x).square().sum().backward()
         optimizer.step()
     torch.testing.assert_close(input_major.weight, row_major.weight, rtol=1e-6, atol=1e-7)
+
+
+def test_a_guarded_step_is_torchs_adam_step_and_skips_a_nonfinite_gradient():
+    from distrl.algos.common import adam, guarded_step
+
+    torch.manual_seed(0)
+    ours, theirs = torch.nn.Linear(5, 3), torch.nn.Linear(5, 3)
+    theirs.load_state_dict(ours.state_dict())
+    opt_ours, opt_theirs = adam(ours.parameters(), 0.01, "cpu"), adam(theirs.parameters(), 0.01, "cpu")
+    for i in range(4):
+        x = torch.randn(8, 5)
+        _, skipped = guarded_step(opt_ours, ours.parameters(), ours(x).square().sum(), clip=1.0)
+        assert not skipped
+        opt_theirs.zero_grad(set_to_none=True)
+        theirs(x).square().sum().backward()
+        torch.nn.utils.clip_grad_norm_(list(theirs.parameters()), 1.0, foreach=True)
+        opt_theirs.step()  # torch's own wrappers around the step
+    for a, b in zip(ours.parameters(), theirs.parameters(), strict=True):
+        assert torch.equal(a, b)
+    before = copy.deepcopy(ours.state_dict())
+    _, skipped = guarded_step(opt_ours, ours.parameters(), ours(torch.full((2, 5), float("nan"))).sum())
+    assert skipped and all(torch.equal(v, ours.state_dict()[k]) for k, v in before.items())
+
+
+def test_a_learner_builds_steps_saves_and_loads_its_optimizer_without_importing_torch_dynamo():
+    """torch.optim would import torch._dynamo (~1 s of CPU on each learner start) to exclude compilation
+    from calls distrl never compiles."""
+    import subprocess
+    import sys
+
+    code = """
+import sys, torch
+from distrl.algos.common import adam, guarded_step, load_optimizer_state
+net = torch.nn.Linear(4, 2)
+opt = adam(net.parameters(), 0.01, "cpu")
+guarded_step(opt, net.parameters(), net(torch.randn(3, 4)).square().sum())
+load_optimizer_state(opt, opt.state_dict())
+assert int(opt.state_dict()["state"][0]["step"]) == 1
+print("torch._dynamo" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
