@@ -47,7 +47,8 @@ def range_text(meta: typing.Mapping) -> str:
     if meta.get("item_lo") is not None:
         n = meta.get("min_items", 1)
         what = {0: "a list", 1: "a non-empty list"}.get(n, f"a list of at least {n}")
-        return f"{what} of ints ≥ {meta['item_lo']}"
+        most = f" and ≤ {number(meta['hi'])}" if meta.get("hi") is not None else ""
+        return f"{what} of ints ≥ {meta['item_lo']}{most}"
     lo, hi = meta.get("lo"), meta.get("hi")
     parts = []
     if lo is not None:

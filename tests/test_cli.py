@@ -53,6 +53,9 @@ def run_main(capsys, *argv):
     (["train", CARTPOLE, "--set", "replay.alpha=.nan"], "config key 'replay.alpha': must be a finite number"),
     (["train", CARTPOLE, "--set", "eval.target_return=.inf"], "config key 'eval.target_return': must be a finite number"),
     (["train", CARTPOLE, "--set", "model.hidden=[64, x]"], "config key 'model.hidden': must be a list of integers >= 1"),
+    # a learner this wide would not fit in memory (the fuzz test once built one and the machine ran out)
+    (["train", CARTPOLE, "--set", "model.hidden=[64, 40000]"],
+     "config key 'model.hidden': must be a list of integers >= 1 and <= 8192, got [64, 40000]"),
     (["train", CARTPOLE, "--set", "apex_dqn.hidden=[64]"], "config key 'apex_dqn.hidden' was replaced by model.hidden"),
     (["train", CARTPOLE, "--set", "algo=r2d2"], "config key 'apex_dqn': a section of another algorithm; this config's algo is r2d2"),
     (["train", CARTPOLE, "--set", "model.torso=no_such_module:Torso"], "config key 'model.torso'"),

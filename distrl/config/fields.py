@@ -19,7 +19,7 @@ class ConfigError(ValueError):
 def f(default: Any, doc: str, *, lo: float | None = None, hi: float | None = None,
       choices: tuple | None = None, lo_open: bool = False, item_lo: int | None = None, min_items: int = 1) -> Any:
     """A dataclass field with its doc and the range `_check_range` enforces (`item_lo`: a list of at least
-    `min_items` ints, each >= item_lo)."""
+    `min_items` ints, each >= item_lo and, given `hi`, <= hi)."""
     meta = {"doc": doc, "lo": lo, "hi": hi, "choices": choices, "lo_open": lo_open, "item_lo": item_lo,
             "min_items": min_items}
     if isinstance(default, (list, dict)):

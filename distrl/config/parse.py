@@ -60,10 +60,12 @@ def _check_range(fld: dataclasses.Field, value: Any, path: str) -> None:
     if isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(f"config key '{path}': must be a finite number, got {value!r}")
     if isinstance(value, list) and m.get("item_lo") is not None:
-        ints = all(isinstance(v, int) and not isinstance(v, bool) and v >= m["item_lo"] for v in value)
+        hi = m.get("hi") if m.get("hi") is not None else math.inf
+        ints = all(isinstance(v, int) and not isinstance(v, bool) and m["item_lo"] <= v <= hi for v in value)
         if not ints or len(value) < m.get("min_items", 1):
             what = "a non-empty list" if m.get("min_items", 1) else "a list"
-            raise ConfigError(f"config key '{path}': must be {what} of integers >= {m['item_lo']}, got {value!r}")
+            most = f" and <= {m['hi']}" if m.get("hi") is not None else ""
+            raise ConfigError(f"config key '{path}': must be {what} of integers >= {m['item_lo']}{most}, got {value!r}")
     if isinstance(value, int) and not isinstance(value, bool) and m.get("hi") is None and abs(value) > 2**62:
         raise ConfigError(f"config key '{path}': {value} is too large")
     if value is None or isinstance(value, (bool, str, list, dict)):

@@ -269,6 +269,9 @@ class PlacementConfig:
 
 TORSOS = ("auto", "mlp", "minatar", "nature", "impala", "conv3x3")
 ACTIVATIONS = ("relu", "tanh", "elu", "gelu", "silu")
+# The widest layer (and conv channels) a config may ask for: far past any RL network's, short of one whose
+# learner (weights, gradients, Adam's moments, a target copy) alone would not fit a machine's memory.
+WIDEST, WIDEST_CONV = 8192, 2048
 
 
 @dataclass
@@ -282,12 +285,13 @@ class ModelConfig:
                    "10x10 inputs) | nature (the DQN Nature CNN, 84x84) | impala (IMPALA's ResNet) | conv3x3 "
                    "(padded 3x3 convs, for small fields of view) | module:Factory (your own: "
                    "Factory(observation_space, model_cfg) returns an nn.Module with an int out_features)")
-    hidden: list = f([64, 64], "layer sizes of the MLP torso ([] = the flattened observation)", item_lo=1, min_items=0)
+    hidden: list = f([64, 64], "layer sizes of the MLP torso ([] = the flattened observation)", item_lo=1,
+                     hi=WIDEST, min_items=0)
     activation: str = f("relu", "activation of the MLP torso: relu | tanh | elu | gelu | silu", choices=ACTIVATIONS)
     conv_channels: list = f([32, 32], "the conv3x3 torso's channels, one padded 3x3 conv + ReLU each "
-                            "([] = the flattened image)", item_lo=1, min_items=0)
+                            "([] = the flattened image)", item_lo=1, hi=WIDEST_CONV, min_items=0)
     features: int | None = f(None, "width of an image torso's last linear layer (null = the architecture's "
-                             "own: minatar 128, nature 512, impala 256)", lo=1)
+                             "own: minatar 128, nature 512, impala 256)", lo=1, hi=WIDEST)
     channels: str = f("auto", "where an image observation keeps its channels: auto | first (C, H, W) | last "
                       "(H, W, C)", choices=("auto", "first", "last"))
     encoders: dict = f({}, "a structured observation's encoder per leaf, by its key (e.g. {screen: nature}): one of the "
@@ -302,7 +306,7 @@ class OptionalCoreModelConfig(ModelConfig):
     """A torso, optionally followed by a recurrent core that both heads read (PPO, A2C, A3C, IMPALA)."""
 
     core: str = f("none", "recurrent core after the torso: none | lstm | gru", choices=("none", "lstm", "gru"))
-    core_size: int = f(64, "recurrent state size (with a core)", lo=1)
+    core_size: int = f(64, "recurrent state size (with a core)", lo=1, hi=WIDEST)
 
 
 @dataclass
@@ -310,4 +314,4 @@ class RecurrentModelConfig(ModelConfig):
     """A torso followed by a recurrent core (R2D2, DHC)."""
 
     core: str = f("lstm", "recurrent core: lstm | gru", choices=("lstm", "gru"))
-    core_size: int = f(64, "recurrent state size", lo=1)
+    core_size: int = f(64, "recurrent state size", lo=1, hi=WIDEST)

@@ -67,6 +67,7 @@ def test_range_text():
     assert config_ref.range_text({"choices": ("local", "central")}) == "one of local, central"
     assert config_ref.range_text({"item_lo": 1, "min_items": 0}) == "a list of ints ≥ 1"
     assert config_ref.range_text({"item_lo": 1, "min_items": 1}) == "a non-empty list of ints ≥ 1"
+    assert config_ref.range_text({"item_lo": 1, "hi": 8192, "min_items": 0}) == "a list of ints ≥ 1 and ≤ 8,192"
     assert config_ref.range_text({}) == ""
 
 
