@@ -2,6 +2,8 @@
 steps, action scaling and the storage form of observations (no ray, no env code)."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 from gymnasium import spaces
@@ -244,6 +246,7 @@ def guarded_step(opt, params, loss=None, clip: float | None = None) -> tuple[tor
 # already excluded from compilation (the mark torch's own wrapper caches on its first call), and a step
 # run under no_grad as its wrapper would run it (its other wrapper fires step hooks, of which distrl sets
 # none).
+@functools.cache
 def _mark_dynamo_disabled() -> None:
     for name in ("add_param_group", "zero_grad", "state_dict", "load_state_dict"):
         fn = getattr(getattr(torch.optim.Optimizer, name), "__wrapped__", None)

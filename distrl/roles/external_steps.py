@@ -34,8 +34,6 @@ from distrl import tree
 from distrl.core import Fragment, FragmentInfo, Trajectory
 from distrl.observe.trace import tracer
 
-STEP_FIELDS = ("obs", "actions", "rewards", "terminated", "truncated", "next_obs", "versions")
-
 
 class Assembler:
     """Chunks of complete steps -> (T, E) fragments postprocessed by `policy` (see the module docstring)."""
@@ -53,7 +51,8 @@ class Assembler:
         self.act_s = 0.0  # the server's time acting since the last fragment (its inference time)
 
     def add(self, rows: dict[str, np.ndarray], owner: Episode) -> None:
-        """k complete steps of one episode (`rows`: STEP_FIELDS and the policy's extras as "x/<extra>", each
+        """k complete steps of one episode (`rows`: a step's fields, obs, actions, rewards,
+        terminated, truncated, next_obs and versions, and the policy's extras as "x/<extra>", each
         (k, ...)), its last one an end. `owner`: the episode (`external_lanes.Lanes` keeps its column there)."""
         k, at = len(rows["rewards"]), 0
         while at < k:
@@ -116,7 +115,7 @@ class Episode:
     next observation (one row, and its reward so far)."""
 
     def __init__(self):
-        self.blocks: list[dict[str, np.ndarray]] = []  # STEP_FIELDS and "x/<extra>", k rows each
+        self.blocks: list[dict[str, np.ndarray]] = []  # a step's fields and "x/<extra>", k rows each
         self.held = 0  # complete steps in `blocks`
         self.pending: dict[str, np.ndarray] | None = None  # obs, actions, versions, "x/<extra>": one row each
         self.pending_reward = 0.0
